@@ -1,0 +1,65 @@
+"""``ale-iac doctor``: the toolchain, the backend, and which substrates this host can run."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ale_iac import hostcheck
+from ale_iac.errors import AleIacError
+
+
+def doctor() -> None:
+    """Print the Pulumi toolchain, the state backend and the substrates; exit 1 if `local` cannot run."""
+    console = Console()
+    problems: list[str] = []
+
+    table = Table(title="Pulumi toolchain", show_header=False)
+    try:
+        from ale_iac.engine import Engine
+
+        engine = Engine()
+        tc = engine.toolchain
+        table.add_row("pulumi", f"{tc.pulumi} ({tc.version})")
+        table.add_row("language host", str(tc.language_host or "missing (plain `pulumi up` on Pulumi.yaml won't run)"))
+        table.add_row("dynamic-provider launcher", str(tc.dynamic_launcher or "missing"))
+        table.add_row("backend", engine.backend_url)
+        table.add_row("state home", str(engine.home))
+        if tc.dynamic_launcher is None:
+            problems.append("pulumi-resource-pulumi-python is missing: local sandboxes cannot be declared")
+    except AleIacError as exc:
+        table.add_row("pulumi", f"[red]{exc}[/red]")
+        problems.append(str(exc))
+    console.print(table)
+
+    subs = Table(title="Substrates")
+    subs.add_column("check")
+    subs.add_column("ok")
+    subs.add_column("detail")
+    for check in hostcheck.local_substrate_checks():
+        subs.add_row(f"local: {check.name}", "yes" if check.ok else "[red]no[/red]", check.detail)
+        if not check.ok:
+            problems.append(f"local sandboxes need {check.name}: {check.detail}")
+    for check in hostcheck.other_substrate_checks():
+        subs.add_row(check.name, "yes" if check.ok else "no", check.detail)
+    from ale_iac.images import find_image
+
+    image = find_image("desktop")
+    subs.add_row(
+        "image desktop",
+        "yes" if image else "no",
+        str(image.path) if image else "not built (ale-iac images build desktop)",
+    )
+    console.print(subs)
+
+    if problems:
+        for problem in problems:
+            console.print(f"[red]✗[/red] {problem}")
+        console.print("the `local` profile cannot run here")
+        raise typer.Exit(1)
+    console.print("[green]✓[/green] the `local` profile can run here")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

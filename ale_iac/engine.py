@@ -1,0 +1,367 @@
+"""The Automation API seam: every stack operation ale-iac performs goes through :class:`Engine`.
+
+What it adds to ``pulumi.automation``:
+
+* one work dir per operation, under ``<home>/work``, always removed afterwards (the SDK creates
+  ``automation-*`` temp dirs and never removes them); dirs left by a killed process are swept;
+* the local ``file://`` backend under ``<home>/state`` by default, any backend via ``PULUMI_BACKEND_URL``;
+* the secrets passphrase from ``PULUMI_CONFIG_PASSPHRASE(_FILE)`` or a generated 0600 file;
+* ``PULUMI_PYTHON_CMD`` set to this interpreter, so dynamic providers can import ``ale_iac``;
+* engine output streamed to ``<home>/logs/stacks/<stack>.log``;
+* typed errors with the engine's own message;
+* blocking calls that are safe from many threads at once, plus ``*_async`` twins that run them in a
+  worker thread so the asyncio loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pulumi import automation as auto
+
+from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
+from ale_iac.errors import AleIacError
+from ale_iac.paths import ale_home
+from ale_iac.toolchain import Toolchain, find_toolchain
+
+PROJECT = "ale-iac"
+Program = Callable[[], None]
+OutputSink = Callable[[str], None]
+
+_STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+class StackLockedError(AleIacError):
+    """Another operation holds the stack's lock (or a killed one left it behind)."""
+
+
+class StackNotFoundError(AleIacError):
+    """The stack does not exist in the backend."""
+
+
+class StackOperationError(AleIacError):
+    """An engine operation failed; carries the engine's own error lines."""
+
+    def __init__(self, stack: str, operation: str, message: str) -> None:
+        self.stack = stack
+        self.operation = operation
+        self.engine_message = message
+        super().__init__(f"pulumi {operation} of stack '{stack}' failed: {message}")
+
+
+def engine_message(exc: BaseException) -> str:
+    """The lines of a CLI failure a person needs (``error:`` diagnostics), not the whole transcript."""
+    parts = [str(getattr(exc, attr, "") or "") for attr in ("stderr", "stdout")]
+    text = "\n".join(p for p in parts if p) or str(exc)
+    lines = [ln.strip() for ln in text.splitlines()]
+    picked = [ln for ln in lines if ln.startswith("error:") or "error:" in ln[:40]]
+    if not picked:
+        picked = [ln for ln in lines if ln][-3:]
+    seen: list[str] = []
+    for line in picked:
+        if line not in seen:
+            seen.append(line)
+    return " | ".join(seen)[:2000] or type(exc).__name__
+
+
+def check_stack_name(name: str) -> str:
+    if not _STACK_NAME_RE.match(name):
+        raise AleIacError(f"invalid stack name {name!r}: use letters, digits, '-', '_' or '.' (max 100)")
+    return name
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    name: str
+    last_update: str | None
+    resource_count: int | None
+    locked: bool
+
+
+class Engine:
+    """Runs Pulumi operations for project ``ale-iac`` against one backend."""
+
+    def __init__(self, home: Path | None = None, toolchain: Toolchain | None = None) -> None:
+        self.home = (home or ale_home()).resolve()
+        self.toolchain = toolchain or find_toolchain()
+        self.backend_url = os.environ.get("PULUMI_BACKEND_URL") or f"file://{self.home / 'state'}"
+        # Built once: constructing a PulumiCommand runs `pulumi version`.
+        self._command = auto.PulumiCommand(root=str(self.toolchain.root))
+        self._log_locks: dict[str, threading.Lock] = {}
+        self._log_locks_guard = threading.Lock()
+        self._prepare_home()
+        self._secrets_env()  # create the passphrase file now, before threads race for it
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _prepare_home(self) -> None:
+        for sub in ("work", "logs/stacks"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        if self.backend_url.startswith("file://"):
+            Path(self.backend_url[len("file://") :]).mkdir(parents=True, exist_ok=True)
+        self.sweep_work_dirs()
+
+    @property
+    def passphrase_file(self) -> Path:
+        return self.home / "passphrase"
+
+    def _secrets_env(self) -> dict[str, str]:
+        """Passphrase from the environment if given; else a generated one in a 0600 file."""
+        if os.environ.get("PULUMI_CONFIG_PASSPHRASE") is not None:
+            return {"PULUMI_CONFIG_PASSPHRASE": os.environ["PULUMI_CONFIG_PASSPHRASE"]}
+        if os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
+            return {"PULUMI_CONFIG_PASSPHRASE_FILE": os.environ["PULUMI_CONFIG_PASSPHRASE_FILE"]}
+        path = self.passphrase_file
+        if not path.exists():
+            # Written whole under a temp name, then linked into place: a concurrent reader (another
+            # thread or process sharing this home) never sees an empty passphrase, and the first
+            # writer wins.
+            tmp = path.with_name(f".passphrase-{os.getpid()}-{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(32))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            tmp.unlink()
+        return {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
+
+    def env_vars(self) -> dict[str, str]:
+        """Environment for every CLI call (also what ``ale-iac doctor`` and tests use)."""
+        path = os.pathsep.join([str(self.toolchain.bin_dir), os.environ.get("PATH", "")])
+        return {
+            "PULUMI_BACKEND_URL": self.backend_url,
+            "PULUMI_SKIP_UPDATE_CHECK": "true",
+            "PULUMI_PYTHON_CMD": sys.executable,
+            "PATH": path,
+            **self._secrets_env(),
+        }
+
+    # -- work dirs -----------------------------------------------------------------------------
+
+    def sweep_work_dirs(self) -> list[Path]:
+        """Remove work dirs whose owning process is gone (left by a crash or SIGKILL)."""
+        removed: list[Path] = []
+        for entry in (self.home / "work").iterdir():
+            match = re.match(r"^.+-p(\d+)-[0-9a-f]{8}$", entry.name)
+            if not match or _pid_alive(int(match.group(1))):
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        return removed
+
+    @contextlib.contextmanager
+    def _workspace(self, label: str, program: Program | None) -> Iterator[auto.LocalWorkspace]:
+        """A workspace in a fresh work dir that is removed when the block ends."""
+        work_dir = self.home / "work" / f"{label}-p{os.getpid()}-{secrets.token_hex(4)}"
+        work_dir.mkdir(parents=True)
+        try:
+            yield auto.LocalWorkspace(
+                work_dir=str(work_dir),
+                program=program or _empty_program,
+                env_vars=self.env_vars(),
+                pulumi_command=self._command,
+                project_settings=auto.ProjectSettings(
+                    name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=self.backend_url)
+                ),
+            )
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _stack(self, name: str, program: Program | None, create: bool) -> Iterator[auto.Stack]:
+        check_stack_name(name)
+        with self._workspace(name, program) as workspace:
+            try:
+                opener = auto.Stack.create_or_select if create else auto.Stack.select
+                stack = opener(name, workspace)
+            except auto.StackNotFoundError:
+                raise StackNotFoundError(f"stack '{name}' does not exist in {self.backend_url}") from None
+            except auto.ConcurrentUpdateError as exc:
+                raise self._locked(name, exc) from None
+            except auto.CommandError as exc:
+                raise StackOperationError(name, "stack select", engine_message(exc)) from None
+            yield stack
+
+    def _locked(self, name: str, exc: BaseException) -> StackLockedError:
+        return StackLockedError(
+            f"stack '{name}' is locked by another operation ({engine_message(exc)}); if no ale-iac or "
+            f"pulumi process is running on it, recover it with: ale-iac gc --stack {name}"
+        )
+
+    # -- logging -------------------------------------------------------------------------------
+
+    def log_path(self, stack: str) -> Path:
+        return self.home / "logs" / "stacks" / f"{stack}.log"
+
+    def _sink(self, stack: str, operation: str, extra: OutputSink | None) -> OutputSink:
+        with self._log_locks_guard:
+            lock = self._log_locks.setdefault(stack, threading.Lock())
+        path = self.log_path(stack)
+        with lock, path.open("a") as handle:
+            handle.write(f"==== pulumi {operation} (pid {os.getpid()})\n")
+
+        def sink(line: str) -> None:
+            # Called per line from the SDK's reader threads.
+            with lock, path.open("a") as handle:
+                handle.write(line.rstrip("\n") + "\n")
+            if extra is not None:
+                extra(line)
+
+        return sink
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def _run(self, name: str, operation: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except auto.ConcurrentUpdateError as exc:
+            raise self._locked(name, exc) from None
+        except auto.CommandError as exc:
+            raise StackOperationError(name, operation, engine_message(exc)) from None
+
+    def up(self, name: str, program: Program, on_output: OutputSink | None = None) -> dict[str, Any]:
+        """Create or update the stack; returns its outputs as plain values."""
+        with self._stack(name, program, create=True) as stack:
+            sink = self._sink(name, "up", on_output)
+            result = self._run(name, "up", lambda: stack.up(on_output=sink, on_error=sink))
+            return {key: value.value for key, value in result.outputs.items()}
+
+    def preview(self, name: str, program: Program, diff: bool = False) -> auto.PreviewResult:
+        with self._stack(name, program, create=True) as stack:
+            sink = self._sink(name, "preview", None)
+            result: auto.PreviewResult = self._run(
+                name, "preview", lambda: stack.preview(diff=diff, on_output=sink, on_error=sink)
+            )
+            return result
+
+    def destroy(self, name: str, remove: bool = True, on_output: OutputSink | None = None) -> None:
+        """Destroy every resource of the stack, then (by default) remove the stack itself.
+
+        Destroy needs no program: dynamic providers are restored from the state.
+        """
+        with self._stack(name, None, create=False) as stack:
+            sink = self._sink(name, "destroy", on_output)
+            self._run(name, "destroy", lambda: stack.destroy(on_output=sink, on_error=sink))
+            if remove:
+                self._run(name, "stack rm", lambda: stack.workspace.remove_stack(name))
+
+    def outputs(self, name: str) -> dict[str, Any]:
+        with self._stack(name, None, create=False) as stack:
+            values = self._run(name, "stack output", stack.outputs)
+            return {key: value.value for key, value in values.items()}
+
+    def units(self, name: str) -> dict[str, UnitOutputs]:
+        """The unit handles a stack exports (see ``ale_iac.contract``)."""
+        outputs = self.outputs(name)
+        if UNITS_OUTPUT not in outputs:
+            raise AleIacError(f"stack '{name}' exports no '{UNITS_OUTPUT}' output; is it an ale-iac stack?")
+        return parse_units(outputs[UNITS_OUTPUT])
+
+    def cancel(self, name: str) -> None:
+        """Release a stale lock (``pulumi cancel``); the file backend just deletes the lock file."""
+        with self._stack(name, None, create=False) as stack:
+            self._run(name, "cancel", stack.cancel)
+
+    def remove(self, name: str) -> None:
+        with self._stack(name, None, create=False) as stack:
+            self._run(name, "stack rm", lambda: stack.workspace.remove_stack(name))
+
+    def recover(self, name: str) -> None:
+        """Bring a stack left by a killed process back to nothing: drop its stale lock, destroy, remove.
+
+        A lock whose owning CLI process still runs is not stale: that raises StackLockedError.
+        """
+        holders = self.lock_holders(name)
+        if holders:
+            if any(_pid_alive(pid) for pid in holders):
+                raise StackLockedError(f"stack '{name}' is being changed by a running pulumi process {holders}")
+            self.cancel(name)
+        self.destroy(name, remove=True)
+
+    def list_stacks(self) -> list[StackInfo]:
+        with self._workspace("list", None) as workspace:
+            summaries = self._run("*", "stack ls", workspace.list_stacks)
+        return [
+            StackInfo(
+                name=s.name,
+                last_update=s.last_update,
+                resource_count=s.resource_count,
+                locked=self.is_locked(s.name),
+            )
+            for s in summaries
+        ]
+
+    def stack_exists(self, name: str) -> bool:
+        return any(info.name == name for info in self.list_stacks())
+
+    def is_locked(self, name: str) -> bool:
+        return bool(self.lock_holders(name))
+
+    def lock_holders(self, name: str) -> list[int]:
+        """PIDs of the CLI processes holding the stack's lock (file backend; others: none known)."""
+        if not self.backend_url.startswith("file://"):
+            return []
+        root = Path(self.backend_url[len("file://") :]) / ".pulumi" / "locks"
+        pids: list[int] = []
+        for lock in root.glob(f"*/{PROJECT}/{name}/*.json"):
+            try:
+                pids.append(int(json.loads(lock.read_text()).get("pid", 0)))
+            except (OSError, ValueError):
+                pids.append(0)
+        return pids
+
+    # -- async twins ---------------------------------------------------------------------------
+
+    async def up_async(self, name: str, program: Program, on_output: OutputSink | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self.up, name, program, on_output)
+
+    async def destroy_async(self, name: str, remove: bool = True) -> None:
+        await asyncio.to_thread(self.destroy, name, remove)
+
+    async def units_async(self, name: str) -> dict[str, UnitOutputs]:
+        return await asyncio.to_thread(self.units, name)
+
+
+def _empty_program() -> None:
+    """Program used for operations that do not run one (destroy, outputs, cancel)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie (killed, not yet reaped by its new parent) counts as dead."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def read_unit_handle(stack: str, unit: str | None = None) -> UnitOutputs:
+    """The handle of one unit of a stack (the only unit when ``unit`` is None)."""
+    units = Engine().units(stack)
+    if unit is None:
+        if len(units) != 1:
+            raise AleIacError(f"stack '{stack}' has {len(units)} units ({', '.join(units)}); name one")
+        return next(iter(units.values()))
+    if unit not in units:
+        raise AleIacError(f"stack '{stack}' has no unit '{unit}' (units: {', '.join(units) or 'none'})")
+    return units[unit]

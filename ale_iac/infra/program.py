@@ -1,0 +1,36 @@
+"""The two ways a declaration runs: inline (``ale-iac evaluate``) and as the ``Pulumi.yaml`` program."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ale_iac.infra import UnitSpec, declare
+from ale_iac.profile import CONFIG_NAMESPACE, PoolSpec, Profile, parse_profile
+
+
+def inline_program(profile: Profile, units: Sequence[UnitSpec], stack: str) -> Callable[[], None]:
+    """A closure for the Automation API: declares ``units`` under ``profile``."""
+    frozen = tuple(units)
+
+    def program() -> None:
+        declare(profile, frozen, stack)
+
+    return program
+
+
+def pool_units(pool: PoolSpec, stack: str) -> list[UnitSpec]:
+    """Units ``u0 .. u<N-1>`` of a pool stack (stable names, so ``pulumi up`` diffs stay small)."""
+    return [
+        UnitSpec(name=f"u{i}", snapshot=pool.snapshot, shape=pool.shape, labels={"pool": stack})
+        for i in range(pool.units)
+    ]
+
+
+def project_program() -> None:
+    """The program of ``Pulumi.yaml``: profile and pool come from the stack's config file."""
+    import pulumi
+
+    stack = pulumi.get_stack()
+    config = pulumi.Config(CONFIG_NAMESPACE)
+    loaded = parse_profile(config.require_object("profile"), f"stacks/Pulumi.{stack}.yaml", config.get_object("pool"))
+    declare(loaded.profile, pool_units(loaded.pool or PoolSpec(units=1), stack), stack)

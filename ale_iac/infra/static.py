@@ -1,0 +1,37 @@
+"""The ``static`` provider: existing computer-server endpoints. Declares no resource at all.
+
+Unit *i* of a stack gets endpoint *i* of the route; ale-iac never destroys what it did not create,
+so the handles say ``managed: false`` and destroying the stack touches nothing outside Pulumi state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ale_iac.errors import ConfigError
+from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.profile import StaticRoute
+
+
+def declare_unit(unit: UnitSpec, snapshot: str, route: StaticRoute, ctx: DeclareContext) -> dict[str, Any]:
+    if ctx.index >= len(route.endpoints):
+        raise ConfigError(
+            f"profile {ctx.profile}",
+            f"snapshots.{snapshot}.endpoints",
+            f"{ctx.unit_count} units need {ctx.unit_count} endpoints, the route lists {len(route.endpoints)}",
+        )
+    endpoint = route.endpoints[ctx.index].rstrip("/")
+    return {
+        "unit": unit.name,
+        "provider": "static",
+        "endpoint": endpoint,
+        "os": route.os,
+        "snapshot": snapshot,
+        "image": route.image,
+        "resource_id": endpoint,
+        "region": None,
+        "paths": route.paths.model_dump(),
+        "labels": {"stack": ctx.stack, "unit": unit.name, "profile": ctx.profile, **unit.labels},
+        "expires_at": None,
+        "managed": False,
+    }

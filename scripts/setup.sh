@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) setup of everything ale-iac needs on a Debian host, as root:
+#   1. Debian packages listed in scripts/apt-packages.txt
+#   2. the Python venv (.venv) with ale-iac and its dev tools
+#   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI >= 3.181, or one built and cached)
+#   4. the `desktop` image (rootfs cached by recipe hash)
+# Every step is skipped when its result is already there, so a rerun takes seconds.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="$ROOT/.venv"
+PYTHON="${ALE_IAC_PYTHON:-python3}"
+T0=$(date +%s)
+
+step() { printf '[setup] %-40s ' "$1" >&2; STEP_T=$(date +%s%N); }
+done_step() {
+  local ms=$(( ($(date +%s%N) - STEP_T) / 1000000 ))
+  printf '%s (%d.%01d s)\n' "${1:-done}" $((ms / 1000)) $((ms % 1000 / 100)) >&2
+}
+
+# -- 1. Debian packages ------------------------------------------------------------------------
+step "Debian packages"
+mapfile -t PKGS < <(sed -e 's/#.*//' -e '/^\s*$/d' scripts/apt-packages.txt | tr -s ' \t' '\n' | sed '/^$/d')
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo >&2; echo "[setup] missing Debian packages: ${missing[*]} (run as root, or install them)" >&2; exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  done_step "installed ${#missing[@]}"
+else
+  done_step "present"
+fi
+
+# -- 2. venv -----------------------------------------------------------------------------------
+step "Python venv (.venv)"
+stamp="$VENV/.ale-iac-installed"
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  done_step "up to date"
+else
+  [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >&2
+  # Byte-compile on install: PYTHONDONTWRITEBYTECODE is set on these machines, and without .pyc
+  # files every process pays seconds to import the cloud SDKs again.
+  "$VENV/bin/pip" install -q --compile -e ".[dev]" >&2
+  echo "$want" > "$stamp"
+  done_step "installed"
+fi
+
+# -- 3. Pulumi toolchain -----------------------------------------------------------------------
+step "Pulumi toolchain"
+echo >&2
+BIN_DIR=$(bash scripts/build-pulumi.sh)
+for tool in "$BIN_DIR"/pulumi*; do ln -sf "$tool" "$VENV/bin/$(basename "$tool")"; done
+step "Pulumi toolchain linked into .venv/bin"; done_step "$BIN_DIR"
+
+# -- 4. images ---------------------------------------------------------------------------------
+step "image: desktop"
+echo >&2
+"$VENV/bin/ale-iac" images build desktop >&2
+step "image: desktop"; done_step "ready"
+
+printf '[setup] all done in %d s\n' "$(( $(date +%s) - T0 ))" >&2
