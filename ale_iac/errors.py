@@ -46,3 +46,11 @@ def format_validation_error(
     if more:
         message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return ConfigError(source, field, message)
+
+
+def yaml_error(source: str | Path, exc: Exception) -> ConfigError:
+    """A one-line error for a YAML syntax problem, with its line and column."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return ConfigError(source, "", f"not valid YAML{where}: {problem}")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.contract import OsName, SandboxPaths
-from ale_iac.errors import ConfigError, format_validation_error
+from ale_iac.errors import ConfigError, format_validation_error, yaml_error
 
 CONFIG_NAMESPACE = "ale-iac"
 PROFILE_KEY = f"{CONFIG_NAMESPACE}:profile"
@@ -188,7 +188,7 @@ def load_profile_file(path: Path) -> LoadedProfile:
     except FileNotFoundError:
         raise ConfigError(path, "", "file not found") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(path, "", f"not valid YAML: {exc}") from None
+        raise yaml_error(path, exc) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ConfigError(path, "config", "a stack config file needs a 'config:' mapping")
     config = doc["config"]

@@ -1,0 +1,71 @@
+"""``ale-iac evaluate`` and ``ale-iac gc``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ale_iac.profile import CleanupMode
+
+
+def evaluate(
+    experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+    profile: str = typer.Option(None, "--profile", help="Override the environment profile."),
+    pool: str = typer.Option(None, "--pool", help="Lease units from this pool stack instead of creating stacks."),
+    cleanup: CleanupMode = typer.Option(None, "--cleanup", help="destroy | retain | retain-on-failure."),
+    jobs: int = typer.Option(None, "-j", "--jobs", help="Units run at once."),
+    out: Path = typer.Option(None, "--out", help="Output root for run records."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
+) -> None:
+    """Run agents on tasks in ephemeral sandboxes, grade them, record everything, clean up."""
+    from ale_iac.runner.experiment import load_experiment
+    from ale_iac.runner.runner import exit_code, print_summary, run_experiment
+
+    overrides = {
+        "profile": profile,
+        "pool": pool,
+        "cleanup": cleanup.value if cleanup else None,
+        "concurrency": jobs,
+        "output_root": str(out.resolve()) if out else None,
+    }
+    loaded = load_experiment(experiment, overrides)
+    console = Console()
+    summary = run_experiment(loaded, resume=resume, console=console)
+    print_summary(summary, console)
+    raise typer.Exit(exit_code(summary))
+
+
+def gc(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be destroyed."),
+    sandboxes: bool = typer.Option(False, "--sandboxes", help="Also destroy stacks made by `sandbox create`."),
+    expired: bool = typer.Option(False, "--expired", help="Also destroy stacks whose units' expiry has passed."),
+    stack: str = typer.Option(None, "--stack", help="Recover just this stack (stale lock, then destroy)."),
+) -> None:
+    """Destroy stacks and local sandboxes left behind by crashed runs."""
+    from ale_iac.engine import Engine
+    from ale_iac.runner.gc import collect
+
+    report = collect(Engine(), dry_run=dry_run, sandboxes=sandboxes, expired=expired, only_stack=stack)
+    verb = "would destroy" if dry_run else "destroyed"
+    for name in report.destroyed:
+        typer.echo(f"{verb} stack {name}")
+    for sandbox in report.sandboxes_stopped:
+        typer.echo(f"{'would stop' if dry_run else 'stopped'} orphaned local sandbox {sandbox}")
+    for name in report.expired:
+        typer.echo(
+            f"expired: stack {name} (its units' expiry has passed{'' if expired else '; --expired destroys it'})"
+        )
+    for name, why in sorted(report.kept.items()):
+        typer.echo(f"kept {name}: {why}")
+    for problem in report.errors:
+        typer.secho(f"error: {problem}", fg=typer.colors.RED, err=True)
+    if not (report.destroyed or report.sandboxes_stopped or report.expired):
+        typer.echo("nothing to collect")
+    raise typer.Exit(1 if report.errors else 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate)
+    app.command("gc")(gc)

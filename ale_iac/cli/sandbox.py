@@ -1,0 +1,112 @@
+"""``ale-iac sandbox create|ls|destroy``: single sandboxes by hand, one ephemeral stack each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ale_iac.errors import AleIacError
+
+sandbox_app = typer.Typer(help="Create, list and destroy single sandboxes (one stack each).", no_args_is_help=True)
+
+
+@sandbox_app.command("create")
+def create(
+    profile: str = typer.Option("local", help="Profile name (stacks/Pulumi.<name>.yaml) or path."),
+    snapshot: str = typer.Option(None, help="Logical snapshot; default: the profile's default."),
+    as_json: bool = typer.Option(False, "--json", help="Print the handle as JSON."),
+) -> None:
+    """Bring one unit up, wait until it is ready, print its handle. Failure leaves nothing behind."""
+    from ale_iac.engine import Engine
+    from ale_iac.infra import UnitSpec
+    from ale_iac.profile import resolve_profile
+    from ale_iac.provision import UNIT_NAME, destroy_stack, ensure_images, new_stack_name, up_unit
+    from ale_iac.sandbox.readiness import wait_ready
+
+    err = Console(stderr=True)
+    loaded = resolve_profile(profile)
+    loaded.profile.route(snapshot)  # a bad snapshot fails here, before anything is created
+    ensure_images(loaded.profile, log=lambda line: err.print(f"[dim]{line}[/dim]"))
+    engine = Engine()
+    stack = new_stack_name("sbx", loaded.profile.name)
+    err.print(f"creating stack {stack} ...")
+    handle = up_unit(engine, loaded.profile, stack, UnitSpec(name=UNIT_NAME, snapshot=snapshot))
+    try:
+        report = asyncio.run(wait_ready(handle, loaded.profile.ready_timeout_s))
+    except BaseException:
+        err.print(f"sandbox did not become ready; destroying {stack}")
+        destroy_stack(engine, stack)
+        raise
+    err.print(f"ready in {report.seconds:.1f} s (computer-server {report.server_version})")
+    if as_json:
+        sys.stdout.write(json.dumps(handle.summary(), indent=2) + "\n")
+    else:
+        Console().print_json(data=handle.summary())
+    err.print(f"destroy it with: ale-iac sandbox destroy {stack}")
+
+
+@sandbox_app.command("ls")
+def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the ale-iac stacks in the backend and the units each exports."""
+    from ale_iac.engine import Engine
+
+    engine = Engine()
+    rows = []
+    for info in engine.list_stacks():
+        try:
+            units = engine.units(info.name) if info.resource_count is None or info.resource_count >= 0 else {}
+        except AleIacError as exc:
+            rows.append(
+                {"stack": info.name, "unit": "-", "endpoint": f"({exc})", "provider": "-", "locked": info.locked}
+            )
+            continue
+        for name, unit in units.items():
+            rows.append(
+                {
+                    "stack": info.name,
+                    "unit": name,
+                    "endpoint": unit.endpoint,
+                    "provider": unit.provider,
+                    "locked": info.locked,
+                }
+            )
+        if not units:
+            rows.append({"stack": info.name, "unit": "-", "endpoint": "-", "provider": "-", "locked": info.locked})
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table("stack", "unit", "provider", "endpoint", "locked")
+    for row in rows:
+        table.add_row(*(str(row[k]) for k in ("stack", "unit", "provider", "endpoint")), "yes" if row["locked"] else "")
+    Console().print(table)
+
+
+@sandbox_app.command("destroy")
+def destroy(
+    stack: str = typer.Argument(None, help="Stack of the sandbox (as printed by `sandbox create`)."),
+    all_: bool = typer.Option(False, "--all", help="Destroy every sandbox made by `sandbox create`."),
+) -> None:
+    """Destroy a sandbox's stack and remove it. Pools and runs are left alone by --all."""
+    from ale_iac.engine import Engine
+    from ale_iac.provision import destroy_stack
+
+    if bool(stack) == all_:
+        raise typer.BadParameter("give a STACK or --all (not both)")
+    engine = Engine()
+    targets = [i.name for i in engine.list_stacks() if i.name.startswith("sbx-")] if all_ else [stack]
+    for name in targets:
+        if destroy_stack(engine, name):
+            typer.echo(f"destroyed {name}")
+        else:
+            raise AleIacError(f"no stack named '{name}'")
+    if all_ and not targets:
+        typer.echo("no sandboxes to destroy")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sandbox_app, name="sandbox")

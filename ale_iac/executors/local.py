@@ -1,0 +1,92 @@
+"""The ``local`` executor: the deployer runs in the runner's process, on this host."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from ale_iac.executors import BaseExecutor, BridgeKind, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
+
+
+class LocalExecutor(BaseExecutor):
+    kind: ClassVar[str] = "local"
+
+    def _path(self, relpath: str) -> Path:
+        path = (self.work_dir / relpath).resolve()
+        if not path.is_relative_to(self.work_dir.resolve()):
+            raise ValueError(f"{relpath!r} leaves the work dir")
+        return path
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        log_name: str,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> ProcessResult:
+        log_path = self._path(log_name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=self.work_dir,
+                env={**base_process_env(), **self.env, **(env or {})},
+                start_new_session=True,  # so a timeout or cancel can kill its whole process group
+            )
+            timed_out = False
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=timeout_s)
+            except TimeoutError:
+                timed_out = True
+                _kill_group(proc.pid)
+                await proc.wait()
+            except BaseException:
+                _kill_group(proc.pid)
+                await asyncio.shield(proc.wait())
+                raise
+        self._redact_file(log_path)
+        return ProcessResult(
+            exit_code=proc.returncode if proc.returncode is not None else -1,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - start,
+            log_path=str(log_path),
+        )
+
+    def _redact_file(self, path: Path) -> None:
+        text = path.read_text(errors="replace")
+        clean = self.redact(text)
+        if clean != text:
+            path.write_text(clean)
+
+    def bridge(self, kind: BridgeKind) -> BridgeLaunch:
+        cmd = ale_iac_command()
+        env = {k: v for k, v in base_process_env().items() if k not in self.env}
+        return BridgeLaunch(command=cmd[0], args=[*cmd[1:], "mcp", kind, "--endpoint", self.sandbox.endpoint], env=env)
+
+    def write_text(self, relpath: str, text: str) -> str:
+        path = self._path(relpath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.redact(text))
+        return str(path)
+
+    def read_text(self, relpath: str) -> str:
+        return self._path(relpath).read_text()
+
+    def exists(self, relpath: str) -> bool:
+        return self._path(relpath).exists()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,67 @@
+"""Bringing ephemeral stacks up and down: the runner's and the CLI's one way to get a sandbox.
+
+An ephemeral stack holds exactly one unit (``u0``) so units can be destroyed independently and in
+parallel. Its name records who made it (``sbx-`` for ``ale-iac sandbox create``, ``run-`` for
+``ale-iac evaluate``) so that ``ale-iac gc`` can tell ephemeral stacks from pools.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from ale_iac.engine import Engine, StackNotFoundError
+from ale_iac.errors import AleIacError
+from ale_iac.infra import UnitSpec
+from ale_iac.infra.program import inline_program
+from ale_iac.profile import LocalRoute, Profile
+from ale_iac.sandbox.handle import SandboxHandle
+
+EPHEMERAL_PREFIXES = ("sbx-", "run-")
+UNIT_NAME = "u0"
+
+
+def new_stack_name(prefix: str, *parts: str) -> str:
+    """``<prefix>-<parts>-<random>``, within Pulumi's stack-name charset."""
+    clean = ["".join(c if c.isalnum() or c in "-_." else "-" for c in p)[:40] for p in parts if p]
+    return "-".join([prefix, *clean, secrets.token_hex(3)])
+
+
+def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) -> None:
+    """Build (or find in the cache) every image the profile's local routes use."""
+    from ale_iac.images import build_image
+
+    for name in sorted({r.image for r in profile.snapshots.values() if isinstance(r, LocalRoute)}):
+        build_image(name, log=log) if log else build_image(name)
+
+
+def up_unit(
+    engine: Engine,
+    profile: Profile,
+    stack: str,
+    unit: UnitSpec,
+    on_output: Callable[[str], None] | None = None,
+) -> SandboxHandle:
+    """Declare one unit in its own stack and return its handle.
+
+    If ``up`` fails, whatever it created is destroyed before the error propagates, so a failed
+    create leaves no stack behind.
+    """
+    try:
+        engine.up(stack, inline_program(profile, [unit], stack), on_output=on_output)
+        units = engine.units(stack)
+        if unit.name not in units:
+            raise AleIacError(f"stack '{stack}' did not export unit '{unit.name}'")
+        return SandboxHandle.from_outputs(stack, units[unit.name])
+    except BaseException:
+        destroy_stack(engine, stack)
+        raise
+
+
+def destroy_stack(engine: Engine, stack: str) -> bool:
+    """Destroy and remove a stack; False if it did not exist. Recovers a stale lock first."""
+    try:
+        engine.recover(stack)
+    except StackNotFoundError:
+        return False
+    return True

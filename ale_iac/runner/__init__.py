@@ -1,0 +1,1 @@
+"""The runner: experiments, tasks, the unit lifecycle, run records, results, gc."""

@@ -1,0 +1,159 @@
+"""Experiment specs: which agents on which tasks, how often, where, and how to clean up.
+
+    name: demo
+    agents: [scripted]                 # preset names (agents/<name>/preset.yaml) or preset files
+    tasks: [tasks/cli-wordcount, tasks.txt]   # task folders or list files
+    repeats: 1
+    profile: local                     # or pool: <stack> to lease units of a pool stack
+    concurrency: 2
+    cleanup: destroy                   # destroy | retain | retain-on-failure
+    unit_timeout_s: 600
+    output_root: runs
+
+Paths are relative to the experiment file. Flags of ``ale-iac evaluate`` override the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ale_iac.agent import AgentConfig
+from ale_iac.errors import ConfigError, format_validation_error, yaml_error
+from ale_iac.paths import project_root
+from ale_iac.profile import CleanupMode
+from ale_iac.runner.tasks import CARD_NAME, Task, load_task, load_task_list
+
+
+class ExperimentSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$", description="Experiment name.")
+    agents: list[str] = Field(min_length=1, description="Agent presets: names or preset yaml paths.")
+    tasks: list[str] = Field(min_length=1, description="Task folders or list files.")
+    repeats: int = Field(default=1, ge=1, le=1000)
+    profile: str | None = Field(default=None, description="Environment profile (default: local).")
+    pool: str | None = Field(default=None, description="Lease units from this pool stack instead.")
+    concurrency: int = Field(default=1, ge=1, le=256)
+    cleanup: CleanupMode | None = Field(default=None, description="Default: the profile's mode.")
+    unit_timeout_s: float = Field(default=900, gt=0, description="Agent time limit per unit.")
+    output_root: str = Field(default="runs")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ExperimentSpec:
+        if self.profile and self.pool:
+            raise ValueError("give either profile or pool, not both")
+        return self
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """One unit: one agent x one task x one repeat."""
+
+    unit_id: str
+    agent: AgentConfig
+    task: Task
+    repeat: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    spec: ExperimentSpec
+    source: Path
+    agents: list[AgentConfig]
+    tasks: list[Task]
+
+    @property
+    def units(self) -> list[UnitPlan]:
+        return [
+            UnitPlan(unit_id=f"{agent.name}__{task.id}__r{r}", agent=agent, task=task, repeat=r)
+            for agent in self.agents
+            for task in self.tasks
+            for r in range(self.spec.repeats)
+        ]
+
+    @property
+    def output_root(self) -> Path:
+        return (self.source.parent / self.spec.output_root).resolve()
+
+    def fingerprint(self) -> str:
+        """What --resume compares: the spec (minus output and concurrency), agents and task cards."""
+        data = {
+            "spec": self.spec.model_dump(mode="json", exclude={"output_root", "concurrency"}),
+            "agents": [a.model_dump(mode="json", exclude={"source_dir"}) for a in self.agents],
+            "tasks": [t.card.model_dump(mode="json") for t in self.tasks],
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found") from None
+    except yaml.YAMLError as exc:
+        raise yaml_error(path, exc) from None
+
+
+def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
+    """A preset by file path (relative to ``base``) or by name (``agents/<name>/preset.yaml``)."""
+    candidates = [base / ref]
+    if not ref.endswith((".yaml", ".yml")):
+        candidates += [base / "agents" / ref / "preset.yaml", project_root() / "agents" / ref / "preset.yaml"]
+    path = next((c.resolve() for c in candidates if c.is_file()), None)
+    if path is None:
+        raise ConfigError(source, "agents", f"no agent preset {ref!r} (tried {', '.join(str(c) for c in candidates)})")
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", "an agent preset must be a mapping")
+    try:
+        return AgentConfig.model_validate({**data, "source_dir": str(path.parent)})
+    except ValidationError as exc:
+        raise format_validation_error(path, exc) from None
+
+
+def _task_folders(ref: str, base: Path, source: Path) -> list[Path]:
+    path = (base / ref).resolve()
+    if path.is_dir():
+        if not (path / CARD_NAME).exists():
+            raise ConfigError(source, "tasks", f"{ref!r} is a folder without a {CARD_NAME}")
+        return [path]
+    if path.is_file():
+        return load_task_list(path)
+    raise ConfigError(source, "tasks", f"{ref!r} is neither a task folder nor a list file")
+
+
+def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Experiment:
+    """Read, override, validate. Every error names the file and the field."""
+    path = path.resolve()
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", "an experiment must be a mapping")
+    merged = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    if overrides and overrides.get("pool"):
+        merged.pop("profile", None)
+    if overrides and overrides.get("profile"):
+        merged.pop("pool", None)
+    try:
+        spec = ExperimentSpec.model_validate(merged)
+    except ValidationError as exc:
+        raise format_validation_error(path, exc) from None
+    base = path.parent
+    agents = [load_agent_preset(ref, base, path) for ref in spec.agents]
+    names = [a.name for a in agents]
+    if len(set(names)) != len(names):
+        raise ConfigError(path, "agents", f"two presets share a name: {names}")
+    tasks: list[Task] = []
+    for ref in spec.tasks:
+        tasks.extend(load_task(folder) for folder in _task_folders(ref, base, path))
+    ids = [t.id for t in tasks]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ConfigError(path, "tasks", f"task ids listed twice: {', '.join(duplicates)}")
+    return Experiment(spec=spec, source=path, agents=agents, tasks=tasks)

@@ -1,0 +1,138 @@
+"""``ale-iac gc``: find what crashed runs left behind and destroy it.
+
+* ephemeral ``run-*`` stacks that no live run claims (the run was killed, even with SIGKILL) — not
+  the ones a run retained on purpose;
+* local sandboxes whose stack is gone or no longer lists them (a create killed before Pulumi
+  recorded it);
+* cloud units whose ``expires_at`` has passed are listed (their cloud-side TTL reaps the VMs; the
+  stack record is destroyed with ``--expired``);
+* work dirs of dead processes and registry files of finished runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from ale_iac.engine import Engine
+from ale_iac.errors import AleIacError
+from ale_iac.provision import destroy_stack
+from ale_iac.runner.registry import read_claims, runs_dir
+
+
+@dataclass
+class GcReport:
+    destroyed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    sandboxes_stopped: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _expired(expires_at: str | None, now: dt.datetime) -> bool:
+    if not expires_at:
+        return False
+    try:
+        when = dt.datetime.fromisoformat(expires_at.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return when < now
+
+
+def collect(
+    engine: Engine,
+    *,
+    dry_run: bool = False,
+    sandboxes: bool = False,
+    expired: bool = False,
+    only_stack: str | None = None,
+) -> GcReport:
+    report = GcReport()
+    claims = read_claims()
+    live = {s: c.run_id for c in claims if c.alive for s in c.stacks}
+    retained = {s: c.run_id for c in claims for s in c.retained}
+    now = dt.datetime.now(dt.UTC)
+
+    stacks = engine.list_stacks()
+    existing = {s.name for s in stacks}
+    if only_stack is not None and only_stack not in existing:
+        raise AleIacError(f"no stack named '{only_stack}'")
+    for info in stacks:
+        name = info.name
+        if only_stack is not None and name != only_stack:
+            continue
+        orphan = False
+        if name in live:
+            report.kept[name] = f"in use by live run {live[name]}"
+        elif name in retained:
+            report.kept[name] = f"retained by run {retained[name]}"
+        elif name.startswith("run-") or only_stack == name or (sandboxes and name.startswith("sbx-")):
+            orphan = True
+        else:
+            report.kept[name] = "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
+        if not orphan:
+            if expired or not dry_run:
+                _check_expiry(engine, name, now, report, destroy=expired and not dry_run)
+            continue
+        if dry_run:
+            report.destroyed.append(name)
+            continue
+        try:
+            destroy_stack(engine, name)
+            report.destroyed.append(name)
+            existing.discard(name)
+        except AleIacError as exc:
+            report.errors.append(f"{name}: {exc}")
+
+    _collect_local_sandboxes(engine, existing, set(live), dry_run, report)
+    if not dry_run:
+        engine.sweep_work_dirs()
+        for claim in claims:
+            if not claim.alive and not claim.retained:
+                (runs_dir() / f"{claim.run_id}.json").unlink(missing_ok=True)
+    return report
+
+
+def _check_expiry(engine: Engine, stack: str, now: dt.datetime, report: GcReport, destroy: bool) -> None:
+    try:
+        units = engine.units(stack)
+    except AleIacError:
+        return
+    if any(u.managed and _expired(u.expires_at, now) for u in units.values()):
+        report.expired.append(stack)
+        if destroy:
+            try:
+                destroy_stack(engine, stack)
+                report.destroyed.append(stack)
+            except AleIacError as exc:
+                report.errors.append(f"{stack}: {exc}")
+
+
+def _collect_local_sandboxes(
+    engine: Engine, existing: set[str], live: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
+    is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
+    from ale_iac.infra import local_runtime
+
+    referenced: set[str] = set()
+    busy: set[str] = set(live)
+    for stack in existing:
+        if engine.is_locked(stack):
+            busy.add(stack)
+            continue
+        try:
+            referenced |= {u.resource_id for u in engine.units(stack).values() if u.provider == "local"}
+        except AleIacError:
+            busy.add(stack)
+    for state in local_runtime.list_sandboxes():
+        if state.sandbox_id in referenced or state.labels.get("stack") in busy:
+            continue
+        if dry_run:
+            report.sandboxes_stopped.append(state.sandbox_id)
+            continue
+        try:
+            local_runtime.stop(state.sandbox_id)
+            report.sandboxes_stopped.append(state.sandbox_id)
+        except Exception as exc:
+            report.errors.append(f"sandbox {state.sandbox_id}: {exc}")

@@ -1,0 +1,143 @@
+"""Trajectories in an ATIF-compatible shape (Agent Trajectory Interchange Format, v1.4).
+
+Root: ``schema_version``, ``session_id``, ``agent`` {name, version, model_name}, ``steps``, ``notes``,
+``final_metrics``, ``extra``. Each step has a 1-based sequential ``step_id``, ``timestamp``,
+``source`` (system | user | agent), ``message``, optional ``tool_calls`` [{tool_call_id,
+function_name, arguments}] and ``observation`` {results: [{source_call_id, content}]}. Screenshots
+are written as files next to the trajectory and referenced from the observation's ``extra``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = "ATIF-v1.4"
+StepSource = Literal["system", "user", "agent"]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolCall(_Model):
+    tool_call_id: str
+    function_name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ObservationResult(_Model):
+    source_call_id: str | None = None
+    content: str
+    is_error: bool = False
+    extra: dict[str, Any] | None = None
+
+
+class Observation(_Model):
+    results: list[ObservationResult] = Field(default_factory=list)
+
+
+class Step(_Model):
+    step_id: int
+    timestamp: str = Field(default_factory=now_iso)
+    source: StepSource
+    message: str = ""
+    tool_calls: list[ToolCall] | None = None
+    observation: Observation | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AgentInfo(_Model):
+    name: str
+    version: str = "unknown"
+    model_name: str | None = None
+
+
+class FinalMetrics(_Model):
+    total_steps: int = 0
+    total_tool_calls: int = 0
+    total_errors: int = 0
+
+
+class Trajectory(_Model):
+    schema_version: str = SCHEMA_VERSION
+    session_id: str
+    agent: AgentInfo
+    steps: list[Step] = Field(default_factory=list)
+    notes: str | None = None
+    final_metrics: FinalMetrics | None = None
+    extra: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> Trajectory:
+        for expected, step in enumerate(self.steps, start=1):
+            if step.step_id != expected:
+                raise ValueError(f"step_id {step.step_id} at position {expected}: step ids must be 1, 2, 3, ...")
+        call_ids = {c.tool_call_id for s in self.steps for c in (s.tool_calls or [])}
+        for step in self.steps:
+            for result in step.observation.results if step.observation else []:
+                if result.source_call_id is not None and result.source_call_id not in call_ids:
+                    raise ValueError(f"observation refers to unknown tool call {result.source_call_id}")
+        return self
+
+
+class TrajectoryBuilder:
+    """Appends steps with sequential ids; ``build()`` adds the final metrics."""
+
+    def __init__(self, session_id: str, agent: AgentInfo) -> None:
+        self.session_id = session_id
+        self.agent = agent
+        self.steps: list[Step] = []
+        self._call_ids = itertools.count(1)
+
+    def add(self, source: StepSource, message: str = "", **extra: Any) -> Step:
+        step = Step(step_id=len(self.steps) + 1, source=source, message=message, extra=extra or None)
+        self.steps.append(step)
+        return step
+
+    def add_tool_call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        result: str,
+        *,
+        is_error: bool = False,
+        message: str = "",
+        observation_extra: dict[str, Any] | None = None,
+    ) -> Step:
+        """One agent step that calls one tool, with the tool's result as its observation."""
+        call_id = f"call_{next(self._call_ids)}"
+        step = Step(
+            step_id=len(self.steps) + 1,
+            source="agent",
+            message=message,
+            tool_calls=[ToolCall(tool_call_id=call_id, function_name=name, arguments=arguments)],
+            observation=Observation(
+                results=[
+                    ObservationResult(
+                        source_call_id=call_id, content=result, is_error=is_error, extra=observation_extra
+                    )
+                ]
+            ),
+        )
+        self.steps.append(step)
+        return step
+
+    def build(self, notes: str | None = None, extra: dict[str, Any] | None = None) -> Trajectory:
+        calls = [c for s in self.steps for c in (s.tool_calls or [])]
+        errors = sum(1 for s in self.steps for r in (s.observation.results if s.observation else []) if r.is_error)
+        return Trajectory(
+            session_id=self.session_id,
+            agent=self.agent,
+            steps=list(self.steps),
+            notes=notes,
+            final_metrics=FinalMetrics(total_steps=len(self.steps), total_tool_calls=len(calls), total_errors=errors),
+            extra=extra,
+        )

@@ -1,0 +1,90 @@
+"""Profiles: strict parsing with errors that name the file and field, routing, shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ale_iac.errors import ConfigError
+from ale_iac.profile import Shape, load_profile_file, resolve_profile
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "Pulumi.t.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_shipped_local_profile_routes_its_default_snapshot() -> None:
+    loaded = resolve_profile("local")
+    snapshot, route = loaded.profile.route(None)
+    assert snapshot == "cpu-free-ubuntu"
+    assert route.provider == "local"
+    assert loaded.pool is not None and loaded.pool.units == 2
+
+
+def test_unknown_key_names_the_key_and_the_file(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s:\n        provider: local\n        imag: x\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    assert str(info.value) == f"{path}: ale-iac:profile.snapshots.s.imag: unknown key"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "fragment"),
+    [
+        ("config: {}\n", "config.ale-iac:profile", "required key is missing"),
+        ("config:\n  ale-iac:profil: {}\n", "config.ale-iac:profil", "unknown key"),
+        ("config:\n  ale-iac:profile:\n    name: t\n    snapshots: {}\n", "snapshots", "at least 1"),
+        (
+            "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {provider: warp}\n",
+            "snapshots.s",
+            "does not match any of the expected tags",
+        ),
+        (
+            "config:\n  ale-iac:profile:\n    name: t\n    default_snapshot: nope\n"
+            "    snapshots:\n      s: {provider: local}\n",
+            "ale-iac:profile",
+            "default_snapshot 'nope' is not one of the snapshots",
+        ),
+        (
+            "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {provider: local}\n"
+            "  ale-iac:pool:\n    units: 0\n",
+            "ale-iac:pool.units",
+            "greater than or equal to 1",
+        ),
+        ("config: [1\n", "", "not valid YAML"),
+    ],
+)
+def test_malformed_profiles_give_one_clear_error(tmp_path: Path, body: str, field: str, fragment: str) -> None:
+    path = _write(tmp_path, body)
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    message = str(info.value)
+    assert message.startswith(str(path)) and field in message and fragment in message
+    assert "\n" not in message
+
+
+def test_unknown_snapshot_lists_the_routes() -> None:
+    profile = resolve_profile("local").profile
+    with pytest.raises(ConfigError, match=r"no route for snapshot 'gpu-free' \(routes: cpu-free-ubuntu\)"):
+        profile.route("gpu-free")
+
+
+def test_task_shape_overrides_route_defaults() -> None:
+    base = Shape(vcpus=1, memory_gb=2)
+    assert Shape(memory_gb=4, gpu="l4").over(base) == Shape(vcpus=1, memory_gb=4, gpu="l4")
+
+
+def test_static_endpoints_must_be_base_urls(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n"
+        "      s: {provider: static, endpoints: ['127.0.0.1:8000']}\n",
+    )
+    with pytest.raises(ConfigError, match="is not a base URL"):
+        load_profile_file(path)
