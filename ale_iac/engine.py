@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -332,6 +333,37 @@ class Engine:
 
     async def units_async(self, name: str) -> dict[str, UnitOutputs]:
         return await asyncio.to_thread(self.units, name)
+
+
+def sweep_orphan_providers() -> list[int]:
+    """Kill dynamic-provider plugin processes whose Pulumi CLI is gone.
+
+    The CLI starts each plugin in its own process group and kills it when the operation ends; if the
+    CLI itself is killed (SIGKILL of a run), the plugin lives on as an orphan, idle or still inside a
+    ``create``. Returns the process groups killed.
+    """
+    killed: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if not any(a.endswith(b"pulumi-resource-pulumi-python") for a in argv[:2]):
+            continue
+        try:
+            parent = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            parent = b""
+        if ppid > 1 and _pid_alive(ppid) and parent.rsplit(b"/", 1)[-1] == b"pulumi":
+            continue
+        pid = int(entry.name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+            killed.append(pid)
+    return killed
 
 
 def _empty_program() -> None:

@@ -17,6 +17,17 @@
 #                                and GOCACHE instead of Go's defaults
 #   ALE_IAC_PULUMI_COMMIT        git commit of the pkg/v3.$VERSION tag, for when the
 #                                module proxy does not report it (language host build)
+#   ALE_IAC_LANGUAGE_HOST_PYTHON interpreter for the Python stand-in language host (see
+#                                below): a path (e.g. <repo>/.venv/bin/python) or a command
+#                                name, and it needs the `pulumi` and `grpcio` packages.
+#                                Unset: keep the interpreter of an installed stand-in, else
+#                                `python3` from PATH.
+#
+# Language host: the Go `pulumi-language-python` is a module of its own that the module
+# proxy may refuse to serve (403). Then scripts/pulumi-language-python, a Python
+# implementation of the same gRPC service, is installed as bin/pulumi-language-python
+# with its shebang pointed at ALE_IAC_LANGUAGE_HOST_PYTHON; every run (cached ones too)
+# re-installs it when the rendered script differs from the installed one.
 #
 # Why a wrapper module: `go install pkg@version` refuses modules whose go.mod has
 # replace directives, and pkg/go.mod has some. So each binary is built from a
@@ -47,6 +58,8 @@ BIN_DIR="$FINAL_DIR/bin"
 # Written instead of the language host when it cannot be built, so that reruns
 # stay fast; ALE_IAC_FORCE_PULUMI_BUILD=1 retries.
 HOST_MISSING_NOTE="LANGUAGE_HOST_MISSING.txt"
+# The Python stand-in for the Go language host, kept next to this script.
+PY_HOST_SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pulumi-language-python"
 
 log() { printf '[build-pulumi] %s\n' "$*" >&2; }
 warn() { printf '[build-pulumi] WARNING: %s\n' "$*" >&2; }
@@ -60,8 +73,10 @@ version_ge() {
 # Temp dirs removed on any exit; filled in once created.
 WORK=""
 STAGE=""
+PY_HOST_TMP=""
 cleanup() {
     [ -n "$STAGE" ] && rm -rf "$STAGE"
+    [ -n "$PY_HOST_TMP" ] && rm -f "$PY_HOST_TMP"
     # The wrapper modules hold nothing worth keeping (the module and build
     # caches live elsewhere).
     [ -n "$WORK" ] && rm -rf "$WORK"
@@ -95,9 +110,75 @@ cached_ok() {
     [ "$("$BIN_DIR/pulumi" version 2>/dev/null)" = "v$PULUMI_VERSION" ]
 }
 
+# is_py_host FILE: FILE is the Python stand-in (a script), not a Go-built host (ELF).
+is_py_host() { [ -f "$1" ] && [ "$(head -c 2 "$1")" = "#!" ]; }
+
+# set_buildinfo DIR KEY=VALUE...: replace those keys in DIR/BUILDINFO (atomic rewrite).
+set_buildinfo() {
+    local dir="$1" kv keys="" tmp
+    shift
+    for kv in "$@"; do keys="$keys|${kv%%=*}"; done
+    tmp="$(mktemp "$dir/.BUILDINFO.XXXXXX")"
+    { grep -Ev "^(${keys#|})=" "$dir/BUILDINFO" 2>/dev/null || true; printf '%s\n' "$@"; } >"$tmp"
+    chmod 0644 "$tmp"
+    mv -f "$tmp" "$dir/BUILDINFO"
+}
+
+# install_py_host DIR: install or refresh DIR/bin/pulumi-language-python from
+# $PY_HOST_SCRIPT, unless DIR holds a Go-built host. A few ms when up to date.
+install_py_host() {
+    local dir="$1" dest="$1/bin/pulumi-language-python" py shebang
+    if [ -e "$dest" ] && ! is_py_host "$dest"; then
+        return 0
+    fi
+    if [ ! -f "$PY_HOST_SCRIPT" ]; then
+        warn "no $PY_HOST_SCRIPT to install as the language host"
+        return 0
+    fi
+    py="${ALE_IAC_LANGUAGE_HOST_PYTHON:-}"
+    if [ -z "$py" ] && is_py_host "$dest"; then
+        shebang="$(head -n 1 "$dest")" # keep the interpreter chosen by an earlier run
+    else
+        py="${py:-python3}"
+        case "$py" in
+            /*) shebang="#!$py" ;;
+            # Relative path: make it absolute, but keep the last component unresolved (a
+            # venv's bin/python is a symlink out of the venv).
+            */*) shebang="#!$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;;
+            *) shebang="#!/usr/bin/env $py" ;;
+        esac
+    fi
+    PY_HOST_TMP="$(mktemp "$dir/bin/.pulumi-language-python.XXXXXX")"
+    {
+        printf '%s\n' "$shebang"
+        sed -e 1d -e "s/^HOST_VERSION = .*/HOST_VERSION = \"$PULUMI_VERSION\"/" "$PY_HOST_SCRIPT"
+    } >"$PY_HOST_TMP"
+    if cmp -s "$PY_HOST_TMP" "$dest"; then
+        rm -f "$PY_HOST_TMP"
+        PY_HOST_TMP=""
+        return 0
+    fi
+    chmod 0755 "$PY_HOST_TMP"
+    # ${shebang#\#!} is unquoted on purpose: "/usr/bin/env python3" is two words.
+    # shellcheck disable=SC2086
+    if ! ${shebang#\#!} -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("grpc", "pulumi", "google.protobuf")))' 2>/dev/null; then
+        warn "${shebang#\#!} lacks the pulumi or grpcio package (or does not run): the language host will not start." \
+            "Rerun with ALE_IAC_LANGUAGE_HOST_PYTHON=<venv>/bin/python (./scripts/setup.sh does)."
+    fi
+    mv -f "$PY_HOST_TMP" "$dest"
+    PY_HOST_TMP=""
+    set_buildinfo "$dir" "language_host=python-stand-in" \
+        "language_host_script_sha256=$(sha256sum "$PY_HOST_SCRIPT" | cut -c1-16)" \
+        "language_host_python=${shebang#\#!}"
+    log "installed $PY_HOST_SCRIPT as bin/pulumi-language-python (interpreter ${shebang#\#!})"
+}
+
 report_cached() {
     log "cached: pulumi v$PULUMI_VERSION in $BIN_DIR"
-    if [ ! -x "$BIN_DIR/pulumi-language-python" ]; then
+    install_py_host "$FINAL_DIR"
+    if is_py_host "$BIN_DIR/pulumi-language-python"; then
+        log "language host: the Python stand-in ($(head -n 1 "$BIN_DIR/pulumi-language-python"))"
+    elif [ ! -x "$BIN_DIR/pulumi-language-python" ]; then
         warn "no pulumi-language-python in the cache (see $FINAL_DIR/$HOST_MISSING_NOTE):" \
             "Python *project* runs need it; Automation API inline programs do not." \
             "Rerun with ALE_IAC_FORCE_PULUMI_BUILD=1 to retry."
@@ -330,11 +411,11 @@ build_host() {
 }
 HOST_VERSION=""
 if ! build_host; then
-    warn "could not build pulumi-language-python; continuing with the CLI only."
-    warn "Python projects (pulumi up/preview in a dir with Pulumi.yaml) will fail; Automation API inline programs work."
+    warn "could not build pulumi-language-python; installing the Python stand-in $PY_HOST_SCRIPT instead."
     warn "cause: $HOST_ERR"
     {
         echo "pulumi-language-python could not be built for Pulumi v$PULUMI_VERSION on $(date -u +%FT%TZ)."
+        echo "bin/pulumi-language-python is the Python stand-in (scripts/pulumi-language-python) instead."
         echo "Rerun with ALE_IAC_FORCE_PULUMI_BUILD=1 to retry (ALE_IAC_PULUMI_COMMIT=<commit of tag pkg/v$PULUMI_VERSION> may help)."
         echo
         echo "$HOST_ERR"
@@ -349,6 +430,7 @@ fi
     echo "language_host=${HOST_VERSION:-missing}"
     echo "cli_replaces=$(echo "$CLI_REPLACES" | tr '\n' ';')"
 } >"$STAGE/BUILDINFO"
+[ -n "$HOST_VERSION" ] || install_py_host "$STAGE"
 chmod 0755 "$STAGE"
 
 # Two renames: the old dir (if any, e.g. a forced rebuild) moves aside, the new

@@ -57,7 +57,8 @@ fi
 # -- 3. Pulumi toolchain -----------------------------------------------------------------------
 step "Pulumi toolchain"
 echo >&2
-BIN_DIR=$(bash scripts/build-pulumi.sh)
+# The Python language host stand-in (see build-pulumi.sh) runs on the venv, which has pulumi + grpc.
+BIN_DIR=$(ALE_IAC_LANGUAGE_HOST_PYTHON="$VENV/bin/python" bash scripts/build-pulumi.sh)
 for tool in "$BIN_DIR"/pulumi*; do ln -sf "$tool" "$VENV/bin/$(basename "$tool")"; done
 step "Pulumi toolchain linked into .venv/bin"; done_step "$BIN_DIR"
 

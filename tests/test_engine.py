@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac.engine import Engine, StackLockedError, StackNotFoundError, engine_message
+from ale_iac.engine import Engine, StackLockedError, StackNotFoundError, engine_message, sweep_orphan_providers
 from ale_iac.toolchain import PulumiNotFoundError, PulumiTooOldError, find_toolchain, probe
 from tests.engine_support import marker_program
 
@@ -108,6 +108,9 @@ def test_killed_up_leaves_a_locked_stack_that_recover_cleans(tmp_path: Path) -> 
 
     engine = Engine()
     assert engine.is_locked("t-killed")
+    # The provider plugin, still inside its create, outlived the CLI: gc's sweep kills it.
+    assert sweep_orphan_providers() != []
+    assert sweep_orphan_providers() == []
     with pytest.raises(StackLockedError, match="ale-iac gc"):
         engine.up("t-killed", marker_program(str(target), "again"))
     engine.recover("t-killed")

@@ -53,6 +53,8 @@ def gc(
         typer.echo(f"{verb} stack {name}")
     for sandbox in report.sandboxes_stopped:
         typer.echo(f"{'would stop' if dry_run else 'stopped'} orphaned local sandbox {sandbox}")
+    for pid in report.providers_killed:
+        typer.echo(f"killed orphaned dynamic-provider process {pid}")
     for name in report.expired:
         typer.echo(
             f"expired: stack {name} (its units' expiry has passed{'' if expired else '; --expired destroys it'})"

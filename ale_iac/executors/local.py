@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import time
@@ -12,6 +13,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from ale_iac.executors import BaseExecutor, BridgeKind, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 class LocalExecutor(BaseExecutor):
@@ -42,7 +46,8 @@ class LocalExecutor(BaseExecutor):
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=self.work_dir,
                 env={**base_process_env(), **self.env, **(env or {})},
-                start_new_session=True,  # so a timeout or cancel can kill its whole process group
+                process_group=0,  # so a timeout or cancel can kill its whole process group
+                preexec_fn=_die_with_parent,
             )
             timed_out = False
             try:
@@ -85,6 +90,12 @@ class LocalExecutor(BaseExecutor):
 
     def exists(self, relpath: str) -> bool:
         return self._path(relpath).exists()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the runner dies, even by SIGKILL (no leaked agents)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:

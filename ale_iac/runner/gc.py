@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from ale_iac.engine import Engine
+from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
 from ale_iac.provision import destroy_stack
 from ale_iac.runner.registry import read_claims, runs_dir
@@ -27,6 +27,7 @@ class GcReport:
     sandboxes_stopped: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    providers_killed: list[int] = field(default_factory=list)
 
 
 def _expired(expires_at: str | None, now: dt.datetime) -> bool:
@@ -87,6 +88,7 @@ def collect(
     _collect_local_sandboxes(engine, existing, set(live), dry_run, report)
     if not dry_run:
         engine.sweep_work_dirs()
+        report.providers_killed = sweep_orphan_providers()
         for claim in claims:
             if not claim.alive and not claim.retained:
                 (runs_dir() / f"{claim.run_id}.json").unlink(missing_ok=True)

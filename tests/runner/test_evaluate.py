@@ -1,0 +1,255 @@
+"""`ale-iac evaluate` end to end: real engine, real local sandboxes, real records, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ale_iac.engine import Engine
+from ale_iac.infra import local_runtime
+from ale_iac.runner.experiment import load_experiment
+from ale_iac.runner.gc import collect
+from ale_iac.runner.registry import read_claims
+from ale_iac.runner.runner import RunSummary, run_experiment
+
+# One xdist group: these tests count stacks, sandboxes and agent processes host-wide.
+pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]
+
+REPO = Path(__file__).resolve().parents[2]
+
+TASK_MAIN = '''
+async def setup(sandbox):
+    if (await sandbox.read_text(sandbox.input_dir + "/question.txt")).strip() != "6*7":
+        raise RuntimeError("input was not staged")
+    if FAIL_SETUP:
+        raise RuntimeError("setup fails on purpose")
+
+
+async def evaluate(sandbox):
+    want = (await sandbox.read_text(sandbox.reference_dir + "/answer.txt")).split()[0]
+    result = await sandbox.run(f"cat {sandbox.output_dir}/answer.txt")
+    return 1.0 if result.exit_code == 0 and result.stdout.split()[:1] == [want] else 0.0
+'''
+
+
+def _task(root: Path, task_id: str, fail_setup: bool = False) -> None:
+    folder = root / task_id
+    (folder / "input").mkdir(parents=True)
+    (folder / "reference").mkdir()
+    (folder / "task.yaml").write_text(f"id: {task_id}\ninstruction: Answer the question in question.txt.\n")
+    (folder / "main.py").write_text(f"FAIL_SETUP = {fail_setup}\n" + TASK_MAIN)
+    (folder / "input" / "question.txt").write_text("6*7\n")
+    (folder / "reference" / "answer.txt").write_text("42\n")
+
+
+def _preset(root: Path, name: str, cls: str, extra: str = "") -> None:
+    (root / f"{name}.yaml").write_text(f"name: {name}\ndeployer: tests.runner.agents_support:{cls}\n{extra}")
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Path]:
+    """A folder with trivial tasks and misbehaving agents; checks afterwards that nothing is left."""
+    _task(tmp_path, "answer")
+    _task(tmp_path, "answer-2")
+    _task(tmp_path, "broken-setup", fail_setup=True)
+    _preset(tmp_path, "writer", "WriterAgent")
+    _preset(tmp_path, "crash", "CrashAgent")
+    _preset(tmp_path, "sleepy", "SleepyAgent")
+    _preset(tmp_path, "secret", "SecretAgent", "secrets: [ALE_TEST_API_KEY]\n")
+    yield tmp_path
+
+
+def _experiment(lab: Path, agents: list[str], tasks: list[str], **fields: object) -> Path:
+    spec = {"name": "t", "agents": [f"{a}.yaml" for a in agents], "tasks": tasks, "profile": "local", **fields}
+    path = lab / "exp.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _run(path: Path, **overrides: object) -> RunSummary:
+    return run_experiment(load_experiment(path, dict(overrides)))
+
+
+def _agent_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "sleep 3599"], capture_output=True, text=True, check=False).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def _assert_nothing_left(engine: Engine | None = None) -> None:
+    engine = engine or Engine()
+    assert engine.list_stacks() == []
+    assert local_runtime.list_sandboxes() == []
+    assert not any(c.stacks for c in read_claims())
+    assert _agent_processes() == []
+
+
+def test_demo_experiment_scores_one_with_the_reference_agent(tmp_path: Path) -> None:
+    summary = _run(REPO / "examples" / "demo.yaml", output_root=str(tmp_path), concurrency=3)
+    assert {o.task for o in summary.outcomes} >= {"cli-log-stats", "gui-notepad", "mixed-clipboard-total"}
+    assert all(o.status == "succeeded" and o.score == 1.0 for o in summary.outcomes), summary.outcomes
+    for outcome in summary.outcomes:
+        folder = summary.run_dir / outcome.unit_id
+        run = json.loads((folder / "run.json").read_text())
+        assert run["status"] == "succeeded" and run["cleanup"] == {"mode": "destroy", "outcome": "destroyed"}
+        assert set(run["phases"]) >= {"provision", "ready", "setup", "agent", "evaluate", "cleanup"}
+        trajectory = json.loads((folder / "trajectory.json").read_text())
+        assert trajectory["schema_version"].startswith("ATIF") and len(trajectory["steps"]) > 1
+        assert json.loads((folder / "eval_result.json").read_text())["score"] == 1.0
+        events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+        assert events[0]["event"] == "phase_start" and events[-1]["phase"] == "cleanup"
+    results = [json.loads(line) for line in (summary.run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(results) == len(summary.outcomes)
+    _assert_nothing_left()
+
+
+def test_a_wrong_plan_scores_below_one(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        json.dumps(
+            {
+                "name": "wrong",
+                "agents": [str(REPO / "agents" / "scripted" / "wrong.yaml")],
+                "tasks": [str(REPO / "examples" / "tasks" / "cli-log-stats")],
+                "profile": "local",
+            }
+        )
+    )
+    summary = _run(exp, output_root=str(tmp_path / "runs"))
+    [outcome] = summary.outcomes
+    assert outcome.score is not None and outcome.score < 1.0
+    _assert_nothing_left()
+
+
+def test_cleanup_modes_do_what_they_say(lab: Path) -> None:
+    engine = Engine()
+    destroyed = _run(_experiment(lab, ["writer"], ["answer"], cleanup="destroy"))
+    assert [o.cleanup for o in destroyed.outcomes] == ["destroyed"] and engine.list_stacks() == []
+
+    retained = _run(_experiment(lab, ["writer", "crash"], ["answer"], cleanup="retain-on-failure", concurrency=2))
+    by_agent = {o.agent: o for o in retained.outcomes}
+    assert by_agent["writer"].cleanup == "destroyed" and by_agent["writer"].score == 1.0
+    kept = by_agent["crash"]
+    assert kept.cleanup == "retained" and kept.handle is not None
+    assert [s.name for s in engine.list_stacks()] == [kept.stack]
+    # gc leaves a retained stack alone; destroying it by hand leaves nothing.
+    assert collect(engine).destroyed == []
+    assert kept.stack is not None
+    engine.destroy(kept.stack)
+    assert local_runtime.list_sandboxes() == []
+
+    everything = _run(_experiment(lab, ["writer"], ["answer"], cleanup="retain"))
+    [unit] = everything.outcomes
+    assert unit.cleanup == "retained" and unit.handle is not None
+    assert unit.handle["endpoint"].startswith("http://127.0.0.1:")
+    assert unit.stack is not None
+    engine.destroy(unit.stack)
+    _assert_nothing_left(engine)
+
+
+def test_failures_get_the_right_status_and_leave_nothing(lab: Path) -> None:
+    path = _experiment(lab, ["crash", "sleepy", "writer"], ["answer"], unit_timeout_s=5, concurrency=3)
+    crash_sleep = _run(path)
+    status = {o.agent: o.status for o in crash_sleep.outcomes}
+    assert status == {"crash": "agent_failed", "sleepy": "agent_timeout", "writer": "succeeded"}
+    sleepy = next(o for o in crash_sleep.outcomes if o.agent == "sleepy")
+    assert "exceeded its 5 s limit" in (sleepy.error or "")
+    assert 5 <= sleepy.agent_s < 30
+    setup = _run(_experiment(lab, ["writer"], ["broken-setup"]))
+    [broken] = setup.outcomes
+    assert broken.status == "setup_failed" and "setup fails on purpose" in (broken.error or "")
+    run = json.loads((setup.run_dir / broken.unit_id / "run.json").read_text())
+    assert run["status"] == "setup_failed" and run["cleanup"]["outcome"] == "destroyed"
+    _assert_nothing_left()
+
+
+def test_a_sandbox_that_never_becomes_ready_is_recorded_and_destroyed(lab: Path) -> None:
+    profile = lab / "Pulumi.dead.yaml"
+    profile.write_text(
+        "config:\n  ale-iac:profile:\n    name: dead\n    ready_timeout_s: 2\n    snapshots:\n"
+        "      cpu-free-ubuntu: {provider: static, endpoints: ['http://127.0.0.1:9']}\n"
+    )
+    summary = _run(_experiment(lab, ["writer"], ["answer"]), profile=str(profile))
+    [unit] = summary.outcomes
+    assert unit.status == "not_ready"
+    assert "http://127.0.0.1:9" in (unit.error or "") and "last error" in (unit.error or "")
+    _assert_nothing_left()
+
+
+def test_secrets_appear_nowhere_in_the_run_folder(lab: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-test-8f3b2c1d9e7a"
+    monkeypatch.setenv("ALE_TEST_API_KEY", secret)
+    summary = _run(_experiment(lab, ["secret"], ["answer"]))
+    [unit] = summary.outcomes
+    assert unit.status == "succeeded" and unit.score == 1.0
+    files = [p for p in summary.run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "answer.txt" for p in files)  # the output was pulled back
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), f"secret leaked into {path}"
+    assert secret not in Engine().log_path(unit.stack or "").read_text()
+    _assert_nothing_left()
+
+
+def test_resume_skips_finished_units_and_refuses_a_changed_experiment(lab: Path) -> None:
+    path = _experiment(lab, ["writer"], ["answer", "answer-2"])
+    first = _run(path)
+    assert len(first.outcomes) == 2
+    resumed = run_experiment(load_experiment(path), resume=True)
+    assert resumed.run_dir == first.run_dir and resumed.outcomes == [] and len(resumed.skipped) == 2
+    path.write_text(path.read_text().replace('"answer-2"', '"broken-setup"'))
+    with pytest.raises(Exception, match="experiment changed"):
+        run_experiment(load_experiment(path), resume=True)
+    _assert_nothing_left()
+
+
+def _start_run(lab: Path, agents: list[str], tasks: list[str], **fields: object) -> subprocess.Popen[str]:
+    path = _experiment(lab, agents, tasks, **fields)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ale_iac", "evaluate", str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_agents(lab: Path, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 240
+    while len(list(lab.glob("runs/*/*/agent/agent.log"))) < count:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "agents never started"
+        time.sleep(0.2)
+
+
+def test_sigint_during_four_units_leaves_nothing(lab: Path) -> None:
+    proc = _start_run(lab, ["sleepy"], ["answer"], repeats=4, concurrency=4, unit_timeout_s=600)
+    _wait_for_agents(lab, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    assert "destroying in-flight units" in out
+    statuses = [json.loads(p.read_text())["status"] for p in lab.glob("runs/*/*/run.json")]
+    assert statuses == ["interrupted"] * 4
+    _assert_nothing_left()
+
+
+def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
+    proc = _start_run(lab, ["sleepy"], ["answer"], repeats=2, concurrency=2, unit_timeout_s=600)
+    _wait_for_agents(lab, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    engine = Engine()
+    assert len(engine.list_stacks()) == 2 and len(local_runtime.list_sandboxes()) == 2
+    dry = collect(engine, dry_run=True)
+    assert len(dry.destroyed) == 2 and len(engine.list_stacks()) == 2
+    report = collect(engine)
+    assert sorted(report.destroyed) == sorted(dry.destroyed) and report.errors == []
+    _assert_nothing_left(engine)

@@ -1,0 +1,87 @@
+"""A pool stack brought up with plain `pulumi up` serves concurrent evaluations, one unit each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ale_iac.engine import Engine
+from ale_iac.infra import local_runtime
+from tests.runner.test_evaluate import _preset, _task
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pulumi(engine: Engine, project: Path, *args: str) -> str:
+    out = subprocess.run(
+        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
+        env={**os.environ, **engine.env_vars()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None:
+    engine = Engine()
+    if engine.toolchain.language_host is None:
+        pytest.fail("pulumi-language-python is missing: scripts/setup.sh installs it")
+    project = tmp_path / "project"
+    (project / "stacks").mkdir(parents=True)
+    for name in ("Pulumi.yaml", "__main__.py"):
+        (project / name).write_text((REPO / name).read_text())
+    (project / "stacks" / "Pulumi.local.yaml").write_text((REPO / "stacks" / "Pulumi.local.yaml").read_text())
+    (project / ".venv").symlink_to(REPO / ".venv")
+
+    _pulumi(engine, project, "stack", "init", "local")
+    try:
+        _pulumi(engine, project, "up", "--yes", "-s", "local")
+        units = engine.units("local")
+        assert sorted(units) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
+
+        lab = tmp_path / "lab"
+        lab.mkdir()
+        _task(lab, "answer")
+        _preset(lab, "writer", "WriterAgent", "settings: {linger_s: 6}\n")
+        runs = []
+        for i in range(2):
+            exp = lab / f"exp{i}.yaml"
+            exp.write_text(json.dumps({"name": f"p{i}", "agents": ["writer.yaml"], "tasks": ["answer"]}))
+            runs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ale_iac", "evaluate", str(exp), "--pool", "local"],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        outputs = [p.communicate(timeout=300)[0] for p in runs]
+        assert [p.returncode for p in runs] == [0, 0], outputs
+
+        leased = []
+        windows = []
+        for events in lab.glob("runs/*/*/events.jsonl"):
+            rows = [json.loads(line) for line in events.read_text().splitlines()]
+            leased += [r["unit"] for r in rows if r["event"] == "leased"]
+            agent = [r for r in rows if r.get("phase") == "agent"]
+            windows.append((agent[0]["t"], agent[-1]["t"]))
+        assert sorted(leased) == ["u0", "u1"], "two concurrent runs shared a unit"
+        (a_start, a_end), (b_start, b_end) = sorted(windows)
+        assert b_start < a_end, "the two evaluations did not overlap, so the test proves nothing"
+        # The pool is untouched by the runs' cleanup.
+        assert sorted(engine.units("local")) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
+    finally:
+        _pulumi(engine, project, "destroy", "--yes", "-s", "local")
+        _pulumi(engine, project, "stack", "rm", "--yes", "-s", "local")
+    assert local_runtime.list_sandboxes() == []
