@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
+from ale_iac.contract import UNITS_OUTPUT, parse_units
 from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
 from ale_iac.infra import UnitSpec
@@ -48,8 +49,10 @@ def up_unit(
     create leaves no stack behind.
     """
     try:
-        engine.up(stack, inline_program(profile, [unit], stack), on_output=on_output)
-        units = engine.units(stack)
+        outputs = engine.up(stack, inline_program(profile, [unit], stack), on_output=on_output)
+        if UNITS_OUTPUT not in outputs:
+            raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
+        units = parse_units(outputs[UNITS_OUTPUT])
         if unit.name not in units:
             raise AleIacError(f"stack '{stack}' did not export unit '{unit.name}'")
         return SandboxHandle.from_outputs(stack, units[unit.name])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -31,7 +32,8 @@ def evaluate(
         "output_root": str(out.resolve()) if out else None,
     }
     loaded = load_experiment(experiment, overrides)
-    console = Console()
+    # Logs and CI get full-width tables instead of rich's 80-column default for non-terminals.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     summary = run_experiment(loaded, resume=resume, console=console)
     print_summary(summary, console)
     raise typer.Exit(exit_code(summary))

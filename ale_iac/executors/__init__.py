@@ -40,7 +40,12 @@ class BridgeLaunch:
 
 
 class BaseExecutor(ABC):
-    """Carries the work dir, the sandbox, the agent config and its environment; runs the deployer's I/O."""
+    """Carries the work dir, the sandbox, the agent config and its environment; runs the deployer's I/O.
+
+    File paths a deployer puts in its trajectory (screenshots, logs) are relative to the work dir;
+    the runner stores the work dir as ``agent/`` next to ``trajectory.json`` and says so in the
+    trajectory's ``extra.artifacts_dir``.
+    """
 
     kind: ClassVar[str]
 
@@ -77,6 +82,10 @@ class BaseExecutor(ABC):
     @abstractmethod
     def write_text(self, relpath: str, text: str) -> str:
         """Write a file into the work dir (secrets redacted); returns its native path."""
+
+    @abstractmethod
+    def write_bytes(self, relpath: str, data: bytes) -> str:
+        """Write a binary file (a screenshot) into the work dir; returns its native path."""
 
     @abstractmethod
     def read_text(self, relpath: str) -> str:

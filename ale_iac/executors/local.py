@@ -85,6 +85,12 @@ class LocalExecutor(BaseExecutor):
         path.write_text(self.redact(text))
         return str(path)
 
+    def write_bytes(self, relpath: str, data: bytes) -> str:
+        path = self._path(relpath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return str(path)
+
     def read_text(self, relpath: str) -> str:
         return self._path(relpath).read_text()
 

@@ -213,7 +213,10 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
             result.duration_s = result.duration_s or agent_s
             try:
                 trajectory = deployer.parse_artifacts(result)
-                record.write_json("trajectory.json", trajectory.model_dump(mode="json", exclude_none=True))
+                data = trajectory.model_dump(mode="json", exclude_none=True)
+                # File references in the trajectory are relative to the agent's work dir.
+                data["extra"] = {**data.get("extra", {}), "artifacts_dir": record.agent_dir.name}
+                record.write_json("trajectory.json", data)
             except Exception as exc:
                 record.event("trajectory_error", error=_one_line(exc))
             record.write_json("agent_result.json", result.model_dump(mode="json"))

@@ -117,7 +117,7 @@ class Progress:
             row["end"] = time.monotonic()
         row["phase"] = phase
         if self.live is None:
-            self.console.print(f"[{unit_id}] {phase}", highlight=False)
+            self.console.print(f"[{unit_id}] {phase}", highlight=False, markup=False)
 
     def finish(self, outcome: UnitOutcome) -> None:
         row = self.rows[outcome.unit_id]
@@ -125,7 +125,9 @@ class Progress:
         if self.live is None:
             score = "-" if outcome.score is None else f"{outcome.score:.2f}"
             self.console.print(
-                f"[{outcome.unit_id}] {outcome.status} score={score} cleanup={outcome.cleanup}", highlight=False
+                f"[{outcome.unit_id}] {outcome.status} score={score} cleanup={outcome.cleanup}",
+                highlight=False,
+                markup=False,
             )
 
 
