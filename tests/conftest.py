@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.sandbox_fixtures"] if (REPO / "tests" / "sandbox_fixtures.py").exists() else []
+pytest_plugins = ["tests.sandbox_fixtures"]
 
 
 @pytest.fixture(autouse=True)

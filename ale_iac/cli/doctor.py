@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -12,10 +14,12 @@ from ale_iac.errors import AleIacError
 
 def doctor() -> None:
     """Print the Pulumi toolchain, the state backend and the substrates; exit 1 if `local` cannot run."""
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     problems: list[str] = []
 
     table = Table(title="Pulumi toolchain", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     try:
         from ale_iac.engine import Engine
 

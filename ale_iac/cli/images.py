@@ -1,0 +1,80 @@
+"""``ale-iac images``: build and list the image recipes of ``images/``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+images_app = typer.Typer(
+    name="images",
+    help="Build and list sandbox images (recipes in images/, built into the ale-iac cache).",
+    no_args_is_help=True,
+)
+
+
+def _size(num: int) -> str:
+    return f"{num / 2**20:.0f} MiB"
+
+
+@images_app.command("build")
+def build(
+    name: Annotated[str, typer.Argument(help="Recipe name, a folder under images/ (e.g. desktop).")],
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if this recipe is already built.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print everything the build prints.")] = False,
+) -> None:
+    """Build an image (debootstrap + its setup phases), or reuse the cached build of the same recipe."""
+    from ale_iac.images import build_image
+
+    started = time.monotonic()
+
+    def log(line: str) -> None:
+        typer.echo(f"{time.monotonic() - started:7.1f}s  {line}", err=True)
+
+    image = build_image(name, force=force, log=log, verbose=verbose)
+    typer.echo(str(image.path))
+
+
+@images_app.command("ls")
+def ls(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """List built images: name, hash, built_at, size, path (and whether it matches the recipe)."""
+    from ale_iac.images import list_images, recipe_hash
+
+    images = list_images()
+    current: dict[str, str | None] = {}
+    for image in images:
+        if image.name not in current:
+            try:
+                current[image.name] = recipe_hash(image.name)[:12]
+            except Exception:  # the recipe was removed or renamed
+                current[image.name] = None
+    if as_json:
+        rows = [{**image.to_json(), "current": current[image.name] == image.hash} for image in images]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not images:
+        typer.echo("no images built; run: ale-iac images build desktop")
+        return
+    header = ("NAME", "HASH", "BUILT_AT", "SIZE", "CURRENT", "PATH")
+    rows_text = [
+        (
+            image.name,
+            image.hash,
+            image.built_at,
+            _size(image.size_bytes),
+            "yes" if current[image.name] == image.hash else "no",
+            str(image.path),
+        )
+        for image in images
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows_text]) for i in range(len(header))]
+    for row in [header, *rows_text]:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(images_app, name="images")

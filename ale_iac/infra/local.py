@@ -1,0 +1,174 @@
+"""The ``local`` provider: a sandbox on this host (``local_runtime``) as a Pulumi dynamic resource.
+
+Declaring it makes the sandbox part of a stack's state, so ``pulumi destroy`` (and ``ale-iac gc``
+through the stack) removes it like any other resource.
+
+The provider object is dill-pickled *by reference* into the resource's state
+(``ale_iac.infra.local.LocalSandboxProvider``), and the engine's provider process unpickles it:
+that process must import ``ale_iac`` (the engine runs it with ``PULUMI_PYTHON_CMD`` set to the
+venv's python), and the class must keep this import path and stay free of instance state, or
+deleting an existing stack's sandboxes breaks.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
+
+from ale_iac.contract import UnitOutputs
+from ale_iac.images import require_image
+from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute
+
+PROVIDER_KIND = "local"
+INPUT_KEYS = (
+    "name_prefix", "rootfs", "image", "screen_width", "screen_height", "allow_outbound",
+    "vcpus", "memory_gb", "labels",
+)
+"""Inputs of a LocalSandbox; a change to any of them replaces the sandbox."""
+OUTPUT_KEYS = ("sandbox_id", "endpoint", "host_port", "supervisor_pid", "state_dir", "limits")
+_SUFFIX_BYTES = 3  # six hex digits
+_PREFIX_MAX = 48 - 1 - 2 * _SUFFIX_BYTES
+
+
+def name_prefix(*parts: str) -> str:
+    """Safe sandbox-id prefix from names: lowercase ``[a-z0-9-]``, no runs of '-', bounded length."""
+    raw = "-".join(parts).lower()
+    cleaned = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
+    return (cleaned[:_PREFIX_MAX].rstrip("-")) or "sandbox"
+
+
+def new_sandbox_id(prefix: str) -> str:
+    """``<prefix>-<6 hex>``: unique per creation, so a replacement never collides with the old one."""
+    return f"{name_prefix(prefix)}-{secrets.token_hex(_SUFFIX_BYTES)}"
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+class LocalSandboxProvider(ResourceProvider):
+    """CRUD of one local sandbox. Stateless: everything it needs comes in the properties."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        from ale_iac.infra import local_runtime
+
+        spec = local_runtime.LocalSandboxSpec(
+            sandbox_id=new_sandbox_id(str(props["name_prefix"])),
+            rootfs=str(props["rootfs"]),
+            screen_width=int(props.get("screen_width") or 1280),
+            screen_height=int(props.get("screen_height") or 800),
+            allow_outbound=bool(props.get("allow_outbound", False)),
+            vcpus=_optional_int(props.get("vcpus")),
+            memory_gb=_optional_float(props.get("memory_gb")),
+            labels={str(k): str(v) for k, v in dict(props.get("labels") or {}).items()},
+        )
+        state = local_runtime.start(spec)
+        outs = {k: props[k] for k in INPUT_KEYS if k in props}
+        outs.update(
+            sandbox_id=state.sandbox_id,
+            endpoint=state.endpoint,
+            host_port=state.host_port,
+            supervisor_pid=state.supervisor_pid,
+            state_dir=state.state_dir,
+            limits=[
+                {"name": r.name, "requested": r.requested, "applied": r.applied, "detail": r.detail}
+                for r in state.limits
+            ],
+        )
+        return CreateResult(id_=state.sandbox_id, outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
+        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from ale_iac.infra import local_runtime
+
+        # Gone without a trace (state dir deleted): tell a refresh it no longer exists. A dead
+        # sandbox whose state dir remains stays in the stack, so that destroy cleans it up.
+        if local_runtime.load_state(id_, home=_home_of(props)) is None:
+            return ReadResult(None, {})
+        return ReadResult(id_, props)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        from ale_iac.infra import local_runtime
+
+        local_runtime.stop(id_, home=_home_of(props))
+
+
+def _home_of(props: dict[str, Any]) -> Path | None:
+    """The ale-iac home the sandbox was created in, from its recorded state dir.
+
+    The provider process of a later ``destroy`` may run with another ``ALE_IAC_HOME``; the state
+    dir recorded at creation is where the sandbox really is.
+    """
+    state_dir = props.get("state_dir")
+    return Path(str(state_dir)).parent.parent if state_dir else None
+
+
+class LocalSandbox(Resource, module="ale", name="LocalSandbox"):
+    """A local sandbox (type token ``pulumi-python:dynamic/ale:LocalSandbox``)."""
+
+    sandbox_id: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    host_port: pulumi.Output[int]
+    supervisor_pid: pulumi.Output[int]
+    state_dir: pulumi.Output[str]
+    limits: pulumi.Output[list[dict[str, Any]]]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        unknown = sorted(set(props) - set(INPUT_KEYS))
+        if unknown:
+            raise ValueError(f"LocalSandbox {name}: unknown properties {unknown}")
+        super().__init__(LocalSandboxProvider(), name, {**props, **dict.fromkeys(OUTPUT_KEYS)}, opts)
+
+
+def declare_unit(
+    unit: UnitSpec, snapshot: str, route: LocalRoute, ctx: DeclareContext
+) -> pulumi.Output[dict[str, Any]]:
+    """Declare one local sandbox for ``unit``; returns its ``UnitOutputs``-shaped handle."""
+    image = require_image(route.image)
+    shape = unit.shape.over(route.shape)
+    # The identity labels win over a unit's own labels of the same name.
+    labels = {str(k): str(v) for k, v in unit.labels.items()}
+    labels.update(stack=ctx.stack, unit=unit.name, profile=ctx.profile)
+    props: dict[str, Any] = {
+        "name_prefix": name_prefix(ctx.stack, unit.name),
+        "rootfs": str(image.rootfs),
+        "image": image.ref,
+        "screen_width": route.screen_width,
+        "screen_height": route.screen_height,
+        "allow_outbound": route.allow_outbound,
+        "vcpus": shape.vcpus,
+        "memory_gb": shape.memory_gb,
+        "labels": labels,
+    }
+    sandbox = LocalSandbox(unit.name, props)
+
+    def handle(values: list[Any]) -> dict[str, Any]:
+        endpoint, sandbox_id = values
+        return UnitOutputs(
+            unit=unit.name,
+            provider=PROVIDER_KIND,
+            endpoint=str(endpoint),
+            os="linux",
+            snapshot=snapshot,
+            image=image.ref,
+            resource_id=str(sandbox_id),
+            paths=LINUX_DESKTOP_PATHS,
+            labels=labels,
+            managed=True,
+        ).model_dump()
+
+    result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(sandbox.endpoint, sandbox.sandbox_id).apply(handle)
+    return result

@@ -1,0 +1,89 @@
+#!/bin/sh
+# setup.sh PHASE: one build phase of the `desktop` image, run inside the image's chroot by
+# ale_iac/images.py (which copies this folder to /tmp/ale-recipe and times each phase).
+#
+# Phases: packages | server | configure | cleanup
+# Environment from the builder: ALE_SUITE, ALE_MIRROR, ALE_SECURITY_MIRROR.
+set -eu
+
+RECIPE=/tmp/ale-recipe
+export DEBIAN_FRONTEND=noninteractive
+export LC_ALL=C.UTF-8
+APT_GET="apt-get -y -o Dpkg::Use-Pty=0 -o APT::Install-Recommends=false -o APT::Install-Suggests=false"
+
+# Non-comment, non-empty lines of a package list, space separated.
+list() { sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$1" | tr '\n' ' '; }
+
+case "${1:?usage: setup.sh packages|server|configure|cleanup}" in
+packages)
+    rm -f /etc/apt/sources.list
+    cat >/etc/apt/sources.list.d/debian.sources <<EOF
+Types: deb
+URIs: ${ALE_MIRROR}
+Suites: ${ALE_SUITE} ${ALE_SUITE}-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: ${ALE_SECURITY_MIRROR}
+Suites: ${ALE_SUITE}-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+    # Keep the image small: no man pages, docs or translations.
+    cat >/etc/dpkg/dpkg.cfg.d/01-ale-nodoc <<'EOF'
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+path-include=/usr/share/locale/locale.alias
+EOF
+    $APT_GET update
+    $APT_GET upgrade
+    # shellcheck disable=SC2046
+    $APT_GET install $(list "$RECIPE/packages.txt")
+    ;;
+server)
+    # shellcheck disable=SC2046
+    $APT_GET install $(list "$RECIPE/build-packages.txt")
+    python3 -m venv /opt/cua
+    /opt/cua/bin/pip install --no-cache-dir --disable-pip-version-check -r "$RECIPE/requirements.txt"
+    # uvicorn[standard] brings uvloop, and uvicorn.run() picks it when present. Under uvloop the
+    # children of run_command inherit the reply's socketpair (seen: fds 21 and 23 of a `sleep &`),
+    # so a command that starts a background program (`xterm &`) would not return until it exits.
+    # Without uvloop uvicorn uses asyncio's own loop, which closes them.
+    /opt/cua/bin/pip uninstall -y --disable-pip-version-check uvloop
+    # Also drop what only the compiler pulled in; binutils would otherwise stay, as python3.13
+    # recommends it.
+    # shellcheck disable=SC2046
+    $APT_GET -o APT::AutoRemove::RecommendsImportant=false -o APT::AutoRemove::SuggestsImportant=false \
+        purge --autoremove $(list "$RECIPE/build-packages.txt")
+    # Byte-compile now: the rootfs is read-only at run time, and a sandbox should not spend its
+    # start writing .pyc files into its own writable layer.
+    /opt/cua/bin/python -m compileall -q -j 0 /opt/cua/lib >/dev/null || true
+    /opt/cua/bin/python -c 'import importlib.metadata as m; print("computer-server", m.version("cua-computer-server"))'
+    ;;
+configure)
+    install -m 0755 "$RECIPE/ale-init" /usr/local/sbin/ale-init
+    install -D -m 0644 "$RECIPE/Xresources" /etc/ale/Xresources
+    # Path conventions (ale_iac.profile.LINUX_DESKTOP_PATHS): home, work_dir_base, task_data_root.
+    mkdir -p /root/.ale /data/tasks /var/log/ale
+    chmod 0700 /root
+    printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >/etc/hosts
+    echo sandbox >/etc/hostname
+    test -x /usr/bin/python3
+    ;;
+cleanup)
+    $APT_GET clean
+    rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debconf/*-old /var/lib/dpkg/*-old
+    rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/log/bootstrap.log
+    rm -rf /root/.cache /tmp/* /tmp/.[!.]* 2>/dev/null || true
+    # The sandbox runtime writes its own resolv.conf when a sandbox may go outbound.
+    : >/etc/resolv.conf
+    ;;
+*)
+    echo "setup.sh: unknown phase '$1'" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,453 @@
+"""The ``local`` sandbox runtime, with real processes: bubblewrap, slirp4netns, the computer-server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ale_iac.images import ImageInfo
+from ale_iac.infra import local_runtime
+from ale_iac.infra.local_runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
+from tests.sandbox_fixtures import SandboxFactory, cmd, run, sandbox_home, wait_for_status
+
+OUTBOUND_HOST = "deb.debian.org"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def host_listener() -> Iterator[socket.socket]:
+    """A TCP listener on the host's 127.0.0.1 (what a sandbox must never reach)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        yield server
+
+
+def connect_from_sandbox(endpoint: str, host: str, port: int) -> dict[str, object]:
+    """Try a TCP connect from inside the sandbox; returns the run_command reply."""
+    script = (
+        "import socket,sys\n"
+        "try:\n"
+        f"    socket.create_connection(({host!r}, {port}), timeout=3).close()\n"
+        "    print('connected')\n"
+        "except OSError as exc:\n"
+        "    print('failed', exc); sys.exit(3)\n"
+    )
+    return run(endpoint, f"python3 -c \"{script}\"")
+
+
+def accepted_anything(server: socket.socket) -> bool:
+    try:
+        conn, _ = server.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+def host_ipv4(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def host_can_reach(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Local addresses of LISTEN sockets on ``port`` in the host's network namespace."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == "0A":
+                found.append(address)
+    return found
+
+
+def mounts_mentioning(text: str) -> list[str]:
+    """Mount entries naming ``text`` in any process's mount namespace."""
+    hits = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            mountinfo = Path(f"/proc/{entry}/mountinfo").read_text()
+        except OSError:
+            continue
+        hits += [f"{entry}: {line}" for line in mountinfo.splitlines() if text in line]
+    return hits
+
+
+def processes_mentioning(text: str) -> list[str]:
+    hits = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            hits.append(f"{entry}: {cmdline}")
+    return hits
+
+
+def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
+    alive = [pid for pid in pids if local_runtime.proc_start_time(pid) is not None]
+    assert not alive, f"processes still running: {alive}"
+    assert not processes_mentioning(state.sandbox_id)
+    assert not mounts_mentioning(state.sandbox_id)
+    assert not mounts_mentioning(state.state_dir)
+    assert not Path(state.state_dir).exists()
+    assert not listening_addresses(state.host_port), f"port {state.host_port} still forwarded"
+    if state.cgroup:
+        assert not Path(state.cgroup).exists()
+    assert local_runtime.load_state(state.sandbox_id, home=sandbox_home(state)) is None
+
+
+# --- no sandbox needed ---------------------------------------------------------------------------
+
+
+def test_invalid_sandbox_id_is_refused(tmp_path: Path) -> None:
+    spec = LocalSandboxSpec(sandbox_id="Bad_ID!", rootfs=str(tmp_path))
+    with pytest.raises(SandboxError, match="invalid sandbox id"):
+        local_runtime.start(spec)
+
+
+def test_missing_rootfs_is_a_clear_error(tmp_path: Path) -> None:
+    spec = LocalSandboxSpec(sandbox_id="no-rootfs", rootfs=str(tmp_path / "nope"))
+    with pytest.raises(SandboxError, match="does not exist; build the image first"):
+        local_runtime.start(spec)
+    assert local_runtime.list_sandboxes() == []
+
+
+def test_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "slirp4netns" else real_which(tool))
+    local_runtime.check_host.cache_clear()
+    try:
+        with pytest.raises(SandboxError, match=r"slirp4netns not installed; run: apt-get install -y slirp4netns"):
+            local_runtime.check_host()
+    finally:
+        local_runtime.check_host.cache_clear()
+
+
+def test_non_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    local_runtime.check_host.cache_clear()
+    try:
+        with pytest.raises(SandboxError, match="local sandboxes need root"):
+            local_runtime.check_host()
+    finally:
+        local_runtime.check_host.cache_clear()
+
+
+def test_a_setup_failure_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    """The supervisor's error reaches start(), with its log, and nothing is left behind."""
+    rootfs = tmp_path / "odd:name"  # ':' cannot appear in overlay mount options
+    (rootfs / "usr/local/sbin").mkdir(parents=True)
+    (rootfs / "usr/local/sbin/ale-init").write_text("#!/bin/sh\n")
+    spec = LocalSandboxSpec(sandbox_id="setup-fails", rootfs=str(rootfs))
+    with pytest.raises(SandboxError) as info:
+        local_runtime.start(spec)
+    message = str(info.value)
+    assert "sandbox setup-fails failed to start" in message
+    assert "cannot be used in overlay mount options" in message
+    assert "--- supervisor.log ---" in message
+    assert local_runtime.list_sandboxes() == []
+    assert not processes_mentioning("setup-fails")
+
+
+def test_stop_of_unknown_sandbox_is_a_no_op() -> None:
+    assert local_runtime.stop("never-started") is False
+
+
+# --- one shared sandbox --------------------------------------------------------------------------
+
+
+@pytest.mark.sandbox
+def test_status_and_run_command(local_sandbox: LocalSandboxState) -> None:
+    import httpx
+
+    status = httpx.get(f"{local_sandbox.endpoint}/status", timeout=10)
+    assert status.status_code == 200
+    assert status.json()["status"] == "ok"
+    reply = run(local_sandbox.endpoint, "echo hello; id -u; hostname")
+    assert reply["success"] is True
+    assert reply["return_code"] == 0
+    assert reply["stdout"] == f"hello\n0\n{local_sandbox.sandbox_id}\n"
+    assert cmd(local_sandbox.endpoint, "version")["package"] == "0.3.46"
+
+
+@pytest.mark.sandbox
+def test_path_conventions_exist(local_sandbox: LocalSandboxState) -> None:
+    reply = run(
+        local_sandbox.endpoint,
+        "test -d /root/.ale && test -d /data/tasks && test -x /usr/bin/python3 && pwd && echo $HOME",
+    )
+    assert reply["return_code"] == 0, reply
+    assert reply["stdout"] == "/root\n/root\n"
+
+
+@pytest.mark.sandbox
+def test_server_environment_is_clean(local_sandbox: LocalSandboxState) -> None:
+    reply = run(local_sandbox.endpoint, "env")
+    assert "CONTAINER_NAME" not in reply["stdout"]
+    assert "CUA_TELEMETRY=0" in reply["stdout"]
+
+
+@pytest.mark.sandbox
+def test_a_background_program_does_not_hold_run_command(local_sandbox: LocalSandboxState) -> None:
+    reply = cmd(local_sandbox.endpoint, "run_command", {"command": "sleep 60 >/dev/null 2>&1 & echo $!", "timeout": 10})
+    assert reply["success"] is True and reply["return_code"] == 0, reply
+    assert run(local_sandbox.endpoint, f"kill {int(reply['stdout'])}")["return_code"] == 0
+
+
+@pytest.mark.sandbox
+def test_state_is_listed_and_alive(local_sandbox: LocalSandboxState) -> None:
+    listed = local_runtime.list_sandboxes(home=sandbox_home(local_sandbox))
+    assert [s.sandbox_id for s in listed] == [local_sandbox.sandbox_id]
+    state = listed[0]
+    assert local_runtime.is_alive(state)
+    assert state.phase == "running"
+    assert state.endpoint == f"http://127.0.0.1:{state.host_port}"
+    assert state.labels == {"purpose": "pytest-session"}
+    assert state.init_pid is not None and state.init_pid in local_runtime.sandbox_pids(state)
+    # A recycled pid is not the supervisor: same pid, other start time.
+    impostor = LocalSandboxState(**{**state.to_json(), "supervisor_start_time": 1, "limits": []})
+    assert not local_runtime.is_alive(impostor)
+
+
+@pytest.mark.sandbox
+def test_rootfs_stays_unmodified(local_sandbox: LocalSandboxState, desktop_image: ImageInfo) -> None:
+    reply = run(local_sandbox.endpoint, "echo changed > /etc/x && rm /etc/hostname && cat /etc/x")
+    assert reply["return_code"] == 0, reply
+    assert reply["stdout"] == "changed\n"
+    assert not (desktop_image.rootfs / "etc" / "x").exists()
+    assert (desktop_image.rootfs / "etc" / "hostname").exists()
+    upper = Path(local_sandbox.state_dir) / "layer" / "upper" / "etc"
+    assert (upper / "x").read_text() == "changed\n"
+
+
+@pytest.mark.sandbox
+def test_sandbox_cannot_reach_host_loopback(local_sandbox: LocalSandboxState) -> None:
+    with host_listener() as server:
+        port = server.getsockname()[1]
+        via_gateway = connect_from_sandbox(local_sandbox.endpoint, "10.0.2.2", port)
+        own_loopback = connect_from_sandbox(local_sandbox.endpoint, "127.0.0.1", port)
+        assert not accepted_anything(server)
+    assert via_gateway["return_code"] == 3, via_gateway
+    assert own_loopback["return_code"] == 3, own_loopback
+
+
+@pytest.mark.sandbox
+def test_no_outbound_network_by_default(local_sandbox: LocalSandboxState) -> None:
+    routes = run(local_sandbox.endpoint, "ip route")["stdout"]
+    assert not [line for line in routes.splitlines() if line.startswith("default")], routes
+    assert "10.0.2.0/24 dev tap0" in routes
+    assert "10.0.2.100/24" in run(local_sandbox.endpoint, "ip -4 addr show tap0")["stdout"]
+    address = host_ipv4(OUTBOUND_HOST) or "192.0.2.1"
+    reply = connect_from_sandbox(local_sandbox.endpoint, address, 80)
+    assert reply["return_code"] == 3, reply
+    assert "unreachable" in str(reply["stdout"]).lower()
+    # Root inside cannot give itself a route: no CAP_NET_ADMIN.
+    add_route = run(local_sandbox.endpoint, "ip route add default via 10.0.2.2 dev tap0")
+    assert add_route["return_code"] != 0
+    assert "not permitted" in str(add_route["stderr"]).lower()
+
+
+@pytest.mark.sandbox
+def test_endpoint_listens_on_host_loopback_only(local_sandbox: LocalSandboxState) -> None:
+    addresses = listening_addresses(local_sandbox.host_port)
+    assert addresses == ["0100007F"], addresses  # 127.0.0.1, and nothing on 0.0.0.0 or ::
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        external = probe.getsockname()[0]
+    if external.startswith("127."):
+        pytest.skip("the host has no non-loopback address to try")
+    with pytest.raises(OSError):
+        socket.create_connection((external, local_sandbox.host_port), timeout=3).close()
+
+
+@pytest.mark.sandbox
+def test_type_text_reaches_an_xterm(local_sandbox: LocalSandboxState) -> None:
+    """The image's openbox + XTerm*allowSendEvents make pynput's XSendEvent typing work."""
+    endpoint = local_sandbox.endpoint
+    xterm_args = ["-geometry", "80x24+100+100", "-title", "typing-test"]
+    launched = cmd(endpoint, "launch", {"app": "xterm", "args": xterm_args})
+    assert launched["success"], launched
+    found = run(endpoint, "timeout 20 xdotool search --sync --onlyvisible --name typing-test | head -1")
+    assert found["return_code"] == 0 and found["stdout"].strip(), found
+    try:
+        assert cmd(endpoint, "left_click", {"x": 300, "y": 200})["success"]
+        focus = run(endpoint, "xdotool getwindowfocus getwindowname")
+        assert focus["stdout"].strip() == "typing-test", focus
+        assert cmd(endpoint, "type_text", {"text": "echo typed-ü > /tmp/typed"})["success"]
+        assert cmd(endpoint, "press_key", {"key": "enter"})["success"]
+        typed = run(endpoint, "timeout 20 sh -c 'until test -s /tmp/typed; do sleep 0.1; done'; cat /tmp/typed")
+        assert typed["stdout"] == "typed-ü\n", typed
+    finally:
+        run(endpoint, f"kill {launched['pid']}")
+
+
+# --- sandboxes of their own ----------------------------------------------------------------------
+
+
+@pytest.mark.sandbox
+def test_two_sandboxes_are_isolated(local_sandbox: LocalSandboxState, sandbox_factory: SandboxFactory) -> None:
+    other = sandbox_factory()
+    marker = f"/root/marker-{other.sandbox_id}"
+    assert run(other.endpoint, f"echo mine > {marker}")["return_code"] == 0
+    assert run(local_sandbox.endpoint, f"test -e {marker}")["return_code"] != 0
+    assert run(other.endpoint, f"cat {marker}")["stdout"] == "mine\n"
+    # Separate PID namespaces: each sees its own init as PID 1 and not the other's processes.
+    ps_other = run(other.endpoint, "ps -eo pid,args")["stdout"]
+    ps_local = run(local_sandbox.endpoint, "ps -eo pid,args")["stdout"]
+    assert "1 /usr/bin/python3 /usr/local/sbin/ale-init" in ps_other
+    assert "marker" not in ps_local
+    assert other.host_port != local_sandbox.host_port
+
+
+@pytest.mark.sandbox
+def test_outbound_when_allowed_but_never_host_loopback(sandbox_factory: SandboxFactory) -> None:
+    address = host_ipv4(OUTBOUND_HOST)
+    if address is None or not host_can_reach(address, 80):
+        pytest.skip(f"this host cannot reach {OUTBOUND_HOST}:80 itself")
+    sandbox = sandbox_factory(allow_outbound=True)
+    assert "default via 10.0.2.2" in run(sandbox.endpoint, "ip route")["stdout"]
+    reply = connect_from_sandbox(sandbox.endpoint, address, 80)
+    assert reply["return_code"] == 0, reply
+    resolved = run(sandbox.endpoint, f"getent hosts {OUTBOUND_HOST}")
+    assert resolved["return_code"] == 0, resolved
+    with host_listener() as server:
+        blocked = connect_from_sandbox(sandbox.endpoint, "10.0.2.2", server.getsockname()[1])
+        assert not accepted_anything(server)
+    assert blocked["return_code"] == 3, blocked
+
+
+@pytest.mark.sandbox
+def test_limits_are_applied_and_recorded(sandbox_factory: SandboxFactory) -> None:
+    sandbox = sandbox_factory(vcpus=1, memory_gb=1.5)
+    limits = {record.name: record for record in sandbox.limits}
+    cpus = os.cpu_count() or 1
+    if cpus > 1:
+        assert limits["vcpus"].applied, limits
+        allowed = run(sandbox.endpoint, "grep Cpus_allowed_list /proc/self/status")["stdout"]
+        assert allowed.split()[-1].isdigit(), allowed  # a single CPU
+    else:
+        assert not limits["vcpus"].applied
+    memory = limits["memory_gb"]
+    if memory.applied:
+        assert sandbox.cgroup is not None
+        cgroup = Path(sandbox.cgroup)
+        assert (cgroup / "memory.limit_in_bytes").read_text().strip() == str(int(1.5 * 2**30))
+        members = {int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()}
+        assert sandbox.init_pid in members
+    else:
+        assert "cgroup" in memory.detail
+
+
+@pytest.mark.sandbox
+def test_hints_beyond_the_host_are_recorded_not_fatal(sandbox_factory: SandboxFactory) -> None:
+    sandbox = sandbox_factory(wait=False, vcpus=4096)
+    record = next(r for r in sandbox.limits if r.name == "vcpus")
+    assert not record.applied and "not restricted" in record.detail
+
+
+@pytest.mark.sandbox
+def test_stop_leaves_nothing_behind(desktop_image: ImageInfo) -> None:
+    spec = LocalSandboxSpec(
+        sandbox_id="stop-clean", rootfs=str(desktop_image.rootfs), vcpus=1, memory_gb=1.0
+    )
+    state = local_runtime.start(spec)
+    try:
+        wait_for_status(state.endpoint)
+        pids = local_runtime.sandbox_pids(state)
+        assert len(pids) >= 7  # supervisor, bwrap, slirp4netns, init, Xvfb, openbox, server
+        assert processes_mentioning(state.sandbox_id)
+    finally:
+        assert local_runtime.stop(state.sandbox_id) is True
+    assert_nothing_left(state, pids)
+    assert local_runtime.stop(state.sandbox_id) is False  # idempotent
+
+
+@pytest.mark.sandbox
+def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
+    spec = LocalSandboxSpec(sandbox_id="stop-killed", rootfs=str(desktop_image.rootfs), memory_gb=1.0)
+    state = local_runtime.start(spec)
+    try:
+        wait_for_status(state.endpoint)
+        pids = local_runtime.sandbox_pids(state)
+        os.kill(state.supervisor_pid, signal.SIGKILL)
+        assert local_runtime.wait_pid_gone(state.supervisor_pid, state.supervisor_start_time, 10)
+        assert not local_runtime.is_alive(state)
+        # The state dir is still there, so a garbage collector finds the dead sandbox.
+        listed = [s.sandbox_id for s in local_runtime.list_sandboxes()]
+        assert state.sandbox_id in listed
+    finally:
+        assert local_runtime.stop(state.sandbox_id) is True
+    assert_nothing_left(state, pids)
+
+
+@pytest.mark.sandbox
+def test_sandbox_dies_with_its_supervisor(desktop_image: ImageInfo) -> None:
+    """SIGKILL of the supervisor takes the sandbox along (PR_SET_PDEATHSIG chain) before any stop()."""
+    spec = LocalSandboxSpec(sandbox_id="die-along", rootfs=str(desktop_image.rootfs))
+    state = local_runtime.start(spec)
+    try:
+        wait_for_status(state.endpoint)
+        assert state.init_pid is not None
+        init_start = local_runtime.proc_start_time(state.init_pid)
+        os.kill(state.supervisor_pid, signal.SIGKILL)
+        assert local_runtime.wait_pid_gone(state.init_pid, init_start, 10)
+    finally:
+        local_runtime.stop(state.sandbox_id)
+
+
+@pytest.mark.sandbox
+def test_duplicate_id_is_refused(local_sandbox: LocalSandboxState, desktop_image: ImageInfo) -> None:
+    spec = LocalSandboxSpec(sandbox_id=local_sandbox.sandbox_id, rootfs=str(desktop_image.rootfs))
+    with pytest.raises(SandboxError, match="already exists"):
+        local_runtime.start(spec, home=sandbox_home(local_sandbox))
+    assert local_runtime.is_alive(local_sandbox)
+
+
+@pytest.mark.sandbox
+def test_a_failing_start_cleans_up(tmp_path: Path, desktop_image: ImageInfo) -> None:
+    """A rootfs whose init cannot run: start() reports the logs and leaves nothing behind."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr/local/sbin").mkdir(parents=True)
+    init = rootfs / "usr/local/sbin/ale-init"
+    init.write_text("#!/bin/does-not-exist\n")
+    init.chmod(0o755)
+    spec = LocalSandboxSpec(sandbox_id="bad-init", rootfs=str(rootfs))
+    state = local_runtime.start(spec)  # start() does not wait for the server: the init fails later
+    try:
+        supervisor_start = state.supervisor_start_time
+        assert local_runtime.wait_pid_gone(state.supervisor_pid, supervisor_start, 20)
+        reloaded = local_runtime.load_state("bad-init")
+        assert reloaded is not None and reloaded.phase == "exited"
+        assert reloaded.exit_code not in (None, 0)
+        assert (Path(state.state_dir) / "logs" / "init.log").read_text()
+    finally:
+        local_runtime.stop("bad-init")
+    assert not Path(state.state_dir).exists()
+    assert not mounts_mentioning(state.state_dir)
