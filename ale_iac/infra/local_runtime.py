@@ -442,27 +442,10 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     return LocalSandboxState.from_json(message["state"])
 
 
-# ``python -m ale_iac.infra.local_supervisor`` would first run ale_iac/infra/__init__.py, which
-# imports the declaring side's pydantic models: measured here, +17 MB RSS for the whole life of
-# every sandbox and +0.3 s on every start. The supervisor needs only the standard library and this
-# module, so it is started with ``ale_iac.infra`` registered as a bare package (its __init__ not
-# run). Keep local_supervisor free of imports from the ``ale_iac.infra`` package itself.
-_SUPERVISOR_BOOT = (
-    "import sys, types\n"
-    "package = types.ModuleType('ale_iac.infra')\n"
-    "package.__path__ = [sys.argv[1]]\n"
-    "sys.modules['ale_iac.infra'] = package\n"
-    "from ale_iac.infra.local_supervisor import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
-
-
 def supervisor_command(folder: Path, ready_fd: int) -> list[str]:
-    """The supervisor's command line (see ``_SUPERVISOR_BOOT``)."""
-    return [
-        sys.executable, "-c", _SUPERVISOR_BOOT, str(Path(__file__).resolve().parent),
-        str(folder), "--ready-fd", str(ready_fd),
-    ]
+    """The supervisor's command line. ``ale_iac.infra`` imports nothing heavy at package level, so
+    the long-lived supervisor stays small (the standard library and its own module)."""
+    return [sys.executable, "-m", "ale_iac.infra.local_supervisor", str(folder), "--ready-fd", str(ready_fd)]
 
 
 def _read_ready(fd: int, timeout: float) -> dict[str, Any]:

@@ -1,10 +1,9 @@
 """The supervisor of one local sandbox: ``local_supervisor STATE_DIR [--ready-fd FD]``.
 
-Started (detached, in its own session) by ``local_runtime.start`` through
-``local_runtime.supervisor_command`` (which skips the heavy ``ale_iac.infra`` package init, so
-import nothing from that package here but ``local_runtime``); ``python -m
-ale_iac.infra.local_supervisor`` works too. It owns the sandbox's
-processes for their whole life:
+Started (detached, in its own session) by ``local_runtime.start`` as ``python -m
+ale_iac.infra.local_supervisor``. It lives as long as the sandbox, so it imports only the standard
+library and ``local_runtime`` (keep it that way: every import here is memory per sandbox). It owns
+the sandbox's processes for their whole life:
 
 1. applies the resource hints it can (CPU affinity, a cgroup-v1 memory limit) and records all;
 2. starts ``unshare --mount --propagation private`` -> overlay mount -> ``exec bwrap ...``, with

@@ -1,0 +1,82 @@
+"""declare(): turn a profile and a list of units into resources.
+
+``declare()`` is the single entry point, used by the inline program of ``ale-iac evaluate`` and by
+the ``Pulumi.yaml`` program alike. It routes each unit's snapshot to a provider module, lets that
+module declare the unit's resources, and exports the handles under the ``units`` stack output
+(see ``ale_iac.contract``). Provider modules are imported lazily so that a profile using only
+``local`` never imports a cloud SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ale_iac.contract import UNITS_OUTPUT
+from ale_iac.errors import ConfigError
+from ale_iac.profile import Profile, Shape
+
+_PROVIDER_MODULES = {
+    "local": "ale_iac.infra.local",
+    "static": "ale_iac.infra.static",
+    "gcloud": "ale_iac.infra.gcloud",
+    "aws": "ale_iac.infra.aws",
+    "aliyun": "ale_iac.infra.aliyun",
+}
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One sandbox to declare: its name in the stack, the snapshot it asks for, its shape."""
+
+    name: str
+    snapshot: str | None = None
+    shape: Shape = field(default_factory=Shape)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeclareContext:
+    """Facts about the stack being declared that providers put into names, labels and TTLs."""
+
+    stack: str
+    profile: str
+    index: int
+    unit_count: int
+
+
+class ProviderModule(Protocol):
+    def declare_unit(self, unit: UnitSpec, snapshot: str, route: Any, ctx: DeclareContext) -> Any:
+        """Declare the unit's resources; return its handle (a UnitOutputs-shaped dict or Output)."""
+
+
+def provider_module(kind: str) -> ProviderModule:
+    try:
+        module_name = _PROVIDER_MODULES[kind]
+    except KeyError:
+        raise ConfigError("profile", "provider", f"unknown provider kind {kind!r}") from None
+    module: ProviderModule = importlib.import_module(module_name)
+    return module
+
+
+def declare(profile: Profile, units: Sequence[UnitSpec], stack: str, export: bool = True) -> dict[str, Any]:
+    """Declare every unit of ``units`` under ``profile`` and export their handles.
+
+    Must run inside a Pulumi program (inline, ``Pulumi.yaml`` or under mocks).
+    """
+    import pulumi
+
+    names = [u.name for u in units]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"stack {stack}", "units", f"duplicate unit names: {', '.join(duplicates)}")
+    handles: dict[str, Any] = {}
+    for index, unit in enumerate(units):
+        snapshot, route = profile.route(unit.snapshot)
+        ctx = DeclareContext(stack=stack, profile=profile.name, index=index, unit_count=len(units))
+        handles[unit.name] = provider_module(route.provider).declare_unit(unit, snapshot, route, ctx)
+    if export:
+        pulumi.export(UNITS_OUTPUT, handles)
+    return handles
