@@ -50,8 +50,9 @@ def main() -> None:
         par = []
         for r in range(args.runs):
             start = time.perf_counter()
+            names = [f"b-par-{r}-{i}" for i in range(4)]
             with ThreadPoolExecutor(4) as pool:
-                list(pool.map(lambda i: cycle(engine, f"b-par-{r}-{i}", marker_program(f"{home}/p{r}{i}", "x")), range(4)))
+                list(pool.map(lambda n: cycle(engine, n, marker_program(f"{home}/{n}", "x")), names))
             par.append(time.perf_counter() - start)
         rows.append(("4 such stacks in parallel (wall)", par))
         print(f"{'case':<40} {'median':>8} {'min':>8} {'max':>8}   (seconds, {args.runs} runs)")

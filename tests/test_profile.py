@@ -27,7 +27,8 @@ def test_shipped_local_profile_routes_its_default_snapshot() -> None:
 def test_unknown_key_names_the_key_and_the_file(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s:\n        provider: local\n        imag: x\n",
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n"
+        "      s:\n        provider: local\n        imag: x\n",
     )
     with pytest.raises(ConfigError) as info:
         load_profile_file(path)

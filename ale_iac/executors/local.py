@@ -14,7 +14,6 @@ from typing import ClassVar
 
 from ale_iac.executors import BaseExecutor, BridgeKind, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
 
-
 _PR_SET_PDEATHSIG = 1
 
 

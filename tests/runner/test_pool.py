@@ -77,8 +77,8 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
             agent = [r for r in rows if r.get("phase") == "agent"]
             windows.append((agent[0]["t"], agent[-1]["t"]))
         assert sorted(leased) == ["u0", "u1"], "two concurrent runs shared a unit"
-        (a_start, a_end), (b_start, b_end) = sorted(windows)
-        assert b_start < a_end, "the two evaluations did not overlap, so the test proves nothing"
+        (_, first_end), (second_start, _) = sorted(windows)
+        assert second_start < first_end, "the two evaluations did not overlap, so the test proves nothing"
         # The pool is untouched by the runs' cleanup.
         assert sorted(engine.units("local")) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
     finally:

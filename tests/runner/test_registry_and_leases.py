@@ -62,7 +62,10 @@ def test_leases_are_exclusive_and_released() -> None:
 
 
 def test_lease_held_by_another_process_is_respected_until_it_dies() -> None:
-    code = "from ale_iac.runner import leases; import sys, time; l = leases.try_lease('p2', ['u0']); print(l.unit, flush=True); time.sleep(60)"
+    code = (
+        "from ale_iac.runner import leases; import time; lease = leases.try_lease('p2', ['u0']); "
+        "print(lease.unit, flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "u0"
