@@ -25,6 +25,7 @@ from ale_iac.infra.local import (
     name_prefix,
     new_sandbox_id,
 )
+from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute, Shape
 from tests.sandbox_fixtures import run, wait_for_status
 
@@ -107,30 +108,9 @@ def test_declare_unit_needs_a_built_image(tmp_path: Path, monkeypatch: pytest.Mo
 # --- under Pulumi mocks --------------------------------------------------------------------------
 
 
-class RecordingMocks(pulumi.runtime.Mocks):
-    """Records every resource; a repeated (type, name) is an error, as in the real engine."""
-
-    def __init__(self) -> None:
-        self.resources: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        key = (args.typ, args.name)
-        if key in self.resources:
-            raise ValueError(f"duplicate resource {key}")
-        self.resources[key] = dict(args.inputs)
-        outputs = dict(args.inputs)
-        outputs.update(sandbox_id=f"{args.inputs['name_prefix']}-abc123", endpoint="http://127.0.0.1:45678")
-        return f"{args.name}-id", outputs
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 @pytest.fixture
 def mocks() -> Iterator[RecordingMocks]:
-    recording = RecordingMocks()
-    pulumi.runtime.set_mocks(recording, preview=False)
-    yield recording
+    yield install(RecordingMocks())
 
 
 @pytest.mark.sandbox
@@ -144,16 +124,16 @@ def test_declare_unit_under_mocks(mocks: RecordingMocks, desktop_image: ImageInf
     def check(value: dict[str, Any]) -> None:
         parsed = UnitOutputs.model_validate(value)
         assert parsed.provider == "local" and parsed.unit == "unit0" and parsed.os == "linux"
-        assert parsed.endpoint == "http://127.0.0.1:45678"
-        assert parsed.resource_id == "pytest-stack-unit0-abc123"
+        [sandbox] = mocks.of_type("pulumi-python:dynamic/ale:LocalSandbox")
+        assert parsed.endpoint.startswith("http://127.0.0.1:") and parsed.resource_id == "pytest-stack-unit0-mock"
         assert parsed.image == desktop_image.ref
         assert parsed.snapshot == "desktop"
         assert parsed.paths == LINUX_DESKTOP_PATHS
         assert parsed.managed is True
         assert parsed.labels == {"run": "r1", "stack": "pytest-stack", "unit": "unit0", "profile": "local"}
         assert set(value) == set(UnitOutputs.model_fields)
-        (typ, name), inputs = next(iter(mocks.resources.items()))
-        assert typ == "pulumi-python:dynamic/ale:LocalSandbox" and name == "unit0"
+        inputs = sandbox.inputs
+        assert sandbox.name == "unit0" and sandbox.parent is None
         assert inputs["rootfs"] == str(desktop_image.rootfs)
         assert inputs["screen_width"] == 1024 and inputs["screen_height"] == 800
         assert inputs["vcpus"] == 1 and inputs["memory_gb"] == 4  # the task's shape over the route's

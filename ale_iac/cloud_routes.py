@@ -1,0 +1,199 @@
+"""Route models for the cloud providers (gcloud, aws, aliyun).
+
+Kept apart from profile.py because they are large; profile.py puts them in its discriminated union.
+Every cloud route must name the source ranges allowed to reach the computer-server port: there is
+no default and 0.0.0.0/0 is refused, because the server has no authentication of its own.
+
+No route field carries a credential. Providers take credentials from the environment
+(``GOOGLE_APPLICATION_CREDENTIALS`` / ADC, ``AWS_*``, ``ALIBABA_CLOUD_*``); the models are strict,
+so a ``password:`` or ``access_key:`` under a route is an "unknown key" error, and
+:func:`find_clear_credentials` finds provider credentials written in clear text elsewhere in a
+stack config file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from ale_iac.contract import OsName, SandboxPaths
+
+IPV4_MIN_PREFIX = 8
+"""Widest IPv4 range accepted (a /8). Wider ranges are refused: 0.0.0.0/1 + 128.0.0.0/1 is the internet."""
+IPV6_MIN_PREFIX = 32
+"""Widest IPv6 range accepted."""
+
+
+def check_source_ranges(ranges: list[str]) -> list[str]:
+    """Reject an empty list and any range that opens the port to the whole internet (or close to it).
+
+    Errors are ``PydanticCustomError`` so the one-line message profile.py prints has no
+    "Value error," prefix.
+    """
+    if not ranges:
+        raise PydanticCustomError(
+            "source_ranges_required",
+            "required: list the runner's CIDR ranges (there is no default and no 0.0.0.0/0, "
+            "because the computer-server has no authentication)",
+        )
+    for text in ranges:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise PydanticCustomError("cidr", f"{text!r} is not a CIDR range") from None
+        minimum = IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX
+        if net.prefixlen == 0:
+            raise PydanticCustomError(
+                "world_open", f"{text!r} opens the port to the whole internet; name the runner's ranges"
+            )
+        if net.prefixlen < minimum:
+            raise PydanticCustomError("too_wide", f"{text!r} is wider than /{minimum}; name the runner's ranges")
+    return ranges
+
+
+class CloudRouteBase(BaseModel):
+    """Fields every cloud route shares. One route = one logical snapshot served by one cloud."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = Field(description="Machine image / AMI / ECS image the VM boots from.")
+    os: OsName = "linux"
+    allowed_source_ranges: list[str] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="CIDRs allowed to reach the computer-server port. Required; 0.0.0.0/0 is refused.",
+    )
+    ssh_source_ranges: list[str] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach SSH (port 22). Empty (the default) keeps SSH closed.",
+    )
+    server_port: int = Field(default=8000, ge=1, le=65535, description="Port of the computer-server.")
+    ttl_hours: float = Field(default=6.0, gt=0, le=24 * 14, description="Cloud-side time-to-live per VM.")
+    reach_privately: bool = Field(
+        default=False,
+        description="The runner reaches VMs over a private network (same VPC, VPN, interconnect): "
+        "no public IP is allocated and the endpoint uses the private address.",
+    )
+    allow_outbound: bool = Field(
+        default=False, description="Let the VM open outbound connections. Off: egress is denied."
+    )
+    machine_type: str | None = Field(
+        default=None, description="Machine/instance type when the task gives no shape hints."
+    )
+    gpu: str | None = Field(default=None, description="GPU this snapshot needs (a task's gpu hint wins).")
+    disk_gb: int | None = Field(
+        default=None, ge=10, le=65536, description="Boot disk size when the task gives none (None: image size)."
+    )
+    paths: SandboxPaths | None = Field(
+        default=None, description="Path conventions of the image; None uses the defaults of `os`."
+    )
+
+    @field_validator("allowed_source_ranges")
+    @classmethod
+    def _ranges(cls, value: list[str]) -> list[str]:
+        return check_source_ranges(value)
+
+    @field_validator("ssh_source_ranges")
+    @classmethod
+    def _ssh_ranges(cls, value: list[str]) -> list[str]:
+        return check_source_ranges(value) if value else value
+
+
+_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class GcloudRoute(CloudRouteBase):
+    """A GCE VM per unit. ``image`` is an image (``projects/P/global/images/X`` or ``.../family/F``)
+    or a machine image (``projects/P/global/machineImages/X``), which the VM is created from."""
+
+    provider: Literal["gcloud"]
+    project: str = Field(description="GCP project id.")
+    zone: str = Field(description="Zone, e.g. us-central1-a.")
+    network: str = Field(default="default", description="VPC network name or self link.")
+    subnetwork: str | None = Field(default=None, description="Subnetwork; None uses the network's default.")
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        if not re.match(r"^[a-z]+-[a-z]+\d+-[a-z]$", value):
+            raise PydanticCustomError("zone", "{value!r} is not a GCE zone like us-central1-a", {"value": value})
+        return value
+
+    @property
+    def uses_machine_image(self) -> bool:
+        """True when ``image`` names a machine image (VM created with InstanceFromMachineImage)."""
+        return "/machineImages/" in self.image
+
+
+class AwsRoute(CloudRouteBase):
+    """An EC2 instance per unit."""
+
+    provider: Literal["aws"]
+    region: str = Field(description="AWS region, e.g. us-east-1.")
+    availability_zone: str | None = Field(default=None, description="AZ; None lets EC2 (or the subnet) pick.")
+    vpc_id: str | None = Field(default=None, description="VPC of the security group; None: the default VPC.")
+    subnet_id: str | None = Field(default=None, description="Subnet; None: a default subnet.")
+    key_name: str | None = Field(default=None, description="EC2 key pair name (a name, not a key).")
+
+    @model_validator(mode="after")
+    def _network(self) -> AwsRoute:
+        if self.subnet_id is not None and self.vpc_id is None:
+            raise PydanticCustomError(
+                "vpc_required",
+                "subnet_id needs vpc_id too (the security group must be in the subnet's VPC)",
+            )
+        return self
+
+
+class AliyunRoute(CloudRouteBase):
+    """An Alibaba Cloud ECS instance per unit (VPC network only)."""
+
+    provider: Literal["aliyun"]
+    region: str = Field(description="Region id, e.g. cn-hangzhou.")
+    vpc_id: str = Field(description="VPC of the security group.")
+    vswitch_id: str = Field(description="VSwitch the instance is attached to (it fixes the zone).")
+    key_name: str | None = Field(default=None, description="ECS key pair name (a name, not a key).")
+    public_bandwidth_mbps: int = Field(
+        default=10, ge=1, le=200, description="Outbound bandwidth of the public IP (when not private)."
+    )
+    ttl_hours: float = Field(
+        default=6.0, ge=0.5, le=24 * 14, description="Cloud-side time-to-live (ECS needs >= 30 min)."
+    )
+
+
+CLOUD_KINDS = ("gcloud", "aws", "aliyun")
+
+_CREDENTIAL_KEYS = frozenset(
+    {
+        "aws:accesskey",
+        "aws:secretkey",
+        "aws:token",
+        "gcp:credentials",
+        "gcp:accesstoken",
+        "alicloud:accesskey",
+        "alicloud:secretkey",
+        "alicloud:securitytoken",
+    }
+)
+_SECRETISH = re.compile(r"(secret|password|passwd|token|credential|private_?key|access_?key)", re.I)
+
+
+def find_clear_credentials(config: Mapping[str, Any]) -> list[str]:
+    """Config keys of a stack file that hold a credential in clear text (not ``secure:``).
+
+    Pulumi stores ``pulumi config set --secret`` values as ``{secure: <ciphertext>}``; anything else
+    under a credential-looking key is a leak waiting for a ``git push``.
+    """
+    found: list[str] = []
+    for key, value in config.items():
+        name = str(key)
+        looks_secret = name.lower() in _CREDENTIAL_KEYS or bool(_SECRETISH.search(name.split(":", 1)[-1]))
+        is_secure = isinstance(value, Mapping) and set(value) == {"secure"}
+        if looks_secret and not is_secure and value not in (None, ""):
+            found.append(name)
+    return sorted(found)

@@ -1,0 +1,194 @@
+"""Alibaba Cloud ECS: one instance per unit, with its own security group, tags and auto-release.
+
+Per unit, a ``ale-iac:aliyun:Unit`` component parents:
+
+* ``<unit>-sg``: a VPC security group (``inner_access_policy = "Drop"``);
+* ``<unit>-server-<i>``: one ``alicloud.ecs.SecurityGroupRule`` per allowed source range, accepting
+  TCP to the computer-server port; ``<unit>-ssh-<i>`` only when the route lists SSH ranges;
+* ``<unit>-deny-egress``: a lowest-priority egress drop rule unless the route sets
+  ``allow_outbound`` (ECS security groups allow all outbound traffic by default);
+* ``<unit>-vm``: a pay-as-you-go instance in the route's vSwitch; a public IP only when the route
+  does not ``reach_privately`` (``internet_max_bandwidth_out = 0`` allocates none).
+
+TTL: ``auto_release_time`` (UTC, ``yyyy-MM-ddTHH:mm:ssZ``): ECS releases the instance itself at
+that time. ECS requires it at least 30 minutes ahead, hence the route's ``ttl_hours >= 0.5``; it
+only applies to pay-as-you-go instances, hence ``instance_charge_type = "PostPaid"``.
+Security group rules cannot carry tags; their description names the unit, stack and run.
+
+The region comes from one explicit ``alicloud.Provider`` per region and program
+(``alicloud-<region>``): ECS resources have no region argument. Credentials come from the
+environment (``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``, profiles, RAM roles), never from config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_alicloud as alicloud
+
+from ale_iac.cloud_routes import AliyunRoute
+from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.infra.cloud_common import (
+    LABEL_EXPIRY,
+    LABEL_STACK,
+    LABEL_UNIT,
+    expiry_for,
+    identity_text,
+    label_value,
+    shared_resource,
+    split_ranges,
+    startup_script,
+    unit_handle,
+    unit_labels,
+    unit_slug,
+)
+from ale_iac.infra.shapes import ResolvedShape, resolve_shape
+
+UNIT_TYPE = "ale-iac:aliyun:Unit"
+SSH_PORT = 22
+
+
+def region_provider(region: str) -> alicloud.Provider:
+    """The program's provider for ``region`` (created once, shared by every unit in the region)."""
+    return shared_resource(  # type: ignore[no-any-return]
+        f"alicloud:{region}", lambda: alicloud.Provider(f"alicloud-{region}", region=region)
+    )
+
+
+def user_data(route: AliyunRoute) -> str:
+    """ECS runs user data once, at first boot; Windows user data needs the ``[powershell]`` line."""
+    script = startup_script(route)
+    return f"[powershell]\n{script}" if route.os == "windows" else script
+
+
+def preflight(unit: UnitSpec, route: AliyunRoute) -> ResolvedShape:
+    """Everything about a unit that can fail without the cloud (today: its shape), checked before
+    any resource is registered; ``declare()`` may call it for every unit before declaring any."""
+    return resolve_shape("aliyun", unit.shape, route.machine_type, route.gpu, route.disk_gb, what=f"unit {unit.name!r}")
+
+
+class AliyunUnit(pulumi.ComponentResource):
+    """One sandbox instance on ECS and the security group that makes it reachable (and only that)."""
+
+    handle: pulumi.Output[dict[str, Any]]
+
+    def __init__(
+        self,
+        name: str,
+        unit: UnitSpec,
+        snapshot: str,
+        route: AliyunRoute,
+        ctx: DeclareContext,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        # Shape first: a unit that cannot be sized fails before anything is registered.
+        shape = preflight(unit, route)
+        super().__init__(UNIT_TYPE, name, None, opts)
+        provider = region_provider(route.region)
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        expiry = expiry_for(route.ttl_hours)
+        labels = unit_labels(unit, snapshot, ctx, expiry)
+        expiry_tag = f'tags["{LABEL_EXPIRY}"]'
+        description = identity_text(labels)
+        self.rules: list[pulumi.CustomResource] = []
+        display_name = label_value(f"ale-{labels[LABEL_STACK]}-{labels[LABEL_UNIT]}")
+
+        sg = alicloud.ecs.SecurityGroup(
+            f"{name}-sg",
+            vpc_id=route.vpc_id,
+            security_group_name=display_name,
+            security_group_type="normal",
+            inner_access_policy="Drop",
+            description=f"{description}: computer-server access",
+            tags=labels,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=[expiry_tag])),
+        )
+
+        def ingress(suffix: str, ranges: list[str], port: int) -> None:
+            v4, v6 = split_ranges(ranges)
+            for index, cidr in enumerate(v4 + v6):
+                rule = alicloud.ecs.SecurityGroupRule(
+                    f"{name}-{suffix}-{index}",
+                    security_group_id=sg.id,
+                    type="ingress",
+                    ip_protocol="tcp",
+                    port_range=f"{port}/{port}",
+                    cidr_ip=cidr if cidr in v4 else None,
+                    ipv6_cidr_ip=cidr if cidr in v6 else None,
+                    policy="accept",
+                    priority=1,
+                    nic_type="intranet",
+                    description=f"{description}: {suffix}",
+                    opts=child,
+                )
+                self.rules.append(rule)
+
+        ingress("server", route.allowed_source_ranges, route.server_port)
+        if route.ssh_source_ranges:
+            ingress("ssh", route.ssh_source_ranges, SSH_PORT)
+        if not route.allow_outbound:
+            deny = alicloud.ecs.SecurityGroupRule(
+                f"{name}-deny-egress",
+                security_group_id=sg.id,
+                type="egress",
+                ip_protocol="all",
+                port_range="-1/-1",
+                cidr_ip="0.0.0.0/0",
+                policy="drop",
+                priority=100,
+                nic_type="intranet",
+                description=f"{description}: no outbound",
+                opts=child,
+            )
+            self.rules.append(deny)
+
+        public = not route.reach_privately
+        instance = alicloud.ecs.Instance(
+            f"{name}-vm",
+            image_id=route.image,
+            instance_type=shape.machine_type,
+            instance_name=display_name,
+            vswitch_id=route.vswitch_id,
+            security_groups=[sg.id],
+            instance_charge_type="PostPaid",
+            spot_strategy="NoSpot",
+            auto_release_time=expiry.iso,
+            internet_max_bandwidth_out=route.public_bandwidth_mbps if public else 0,
+            internet_charge_type="PayByTraffic" if public else None,
+            system_disk_category="cloud_essd",
+            system_disk_size=shape.disk_gb,
+            key_name=route.key_name,
+            user_data=user_data(route),
+            http_tokens="required",
+            deletion_protection=False,
+            description=description,
+            tags=labels,
+            volume_tags=labels,
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(ignore_changes=["autoReleaseTime", expiry_tag, f'volumeTags["{LABEL_EXPIRY}"]']),
+            ),
+        )
+
+        self.instance = instance
+        self.rules.insert(0, sg)
+        self.handle = unit_handle(
+            unit=unit,
+            snapshot=snapshot,
+            route=route,
+            region=route.region,
+            address=instance.public_ip if public else instance.private_ip,
+            resource_id=instance.id,
+            resource_labels=instance.tags,
+            labels=labels,
+            depends_on=self.rules,
+        )
+        self.register_outputs({"handle": self.handle})
+
+
+def declare_unit(
+    unit: UnitSpec, snapshot: str, route: AliyunRoute, ctx: DeclareContext
+) -> pulumi.Output[dict[str, Any]]:
+    """Declare one unit on ECS and return its handle (the ``UnitOutputs`` dict, as an Output)."""
+    return AliyunUnit(unit_slug(unit.name), unit, snapshot, route, ctx).handle

@@ -1,0 +1,237 @@
+"""GCE: one VM per unit, with its own firewall rules, labels and a cloud-side time-to-live.
+
+Per unit, a ``ale-iac:gcloud:Unit`` component parents:
+
+* the VM: ``gcp.compute.Instance`` from an image, or ``gcp.compute.InstanceFromMachineImage`` when
+  the route's image is a machine image (``.../global/machineImages/X``: ALE publishes its desktops
+  that way; a machine image fixes the disks, so ``disk_gb`` cannot apply and is reported as a
+  warning);
+* ``<unit>-server`` (and ``-server-v6``): ingress to the computer-server port from the route's
+  ``allowed_source_ranges`` only, targeted at a network tag unique to the unit;
+* ``<unit>-ssh`` only when the route lists ``ssh_source_ranges``;
+* ``<unit>-deny-egress`` unless the route sets ``allow_outbound`` (the metadata server stays
+  reachable: GCE firewalls never apply to it).
+
+TTL: ``scheduling.max_run_duration`` = the route's ``ttl_hours`` with
+``instance_termination_action = "DELETE"``: GCE deletes the VM itself, even if the runner is gone.
+GCE firewall rules cannot carry labels, so their description names the unit, stack and run.
+The VM gets no service account (no cloud API access from inside the sandbox) and OS Login for SSH.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from ale_iac.cloud_routes import GcloudRoute
+from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.infra.cloud_common import (
+    LABEL_EXPIRY,
+    digest,
+    expiry_for,
+    identity_text,
+    label_value,
+    split_ranges,
+    startup_script,
+    unit_handle,
+    unit_labels,
+    unit_slug,
+)
+from ale_iac.infra.shapes import ResolvedShape, resolve_shape
+
+UNIT_TYPE = "ale-iac:gcloud:Unit"
+SSH_PORT = 22
+_HYPERDISK_FAMILIES = ("c4-", "c4a-", "c4d-", "n4-", "m4-", "x4-", "a4-")
+
+
+def network_tag(unit: UnitSpec, ctx: DeclareContext) -> str:
+    """A network tag unique to the unit across stacks and projects (firewalls target it)."""
+    scope = f"{pulumi.get_project()}/{ctx.stack}/{unit.name}"
+    return label_value(f"ale-{unit_slug(unit.name)[:40]}-{digest(scope, 10)}")
+
+
+def boot_disk_type(machine_type: str) -> str:
+    """C4/N4/... machines only take Hyperdisk; the others get balanced persistent disk."""
+    return "hyperdisk-balanced" if machine_type.startswith(_HYPERDISK_FAMILIES) else "pd-balanced"
+
+
+def preflight(unit: UnitSpec, route: GcloudRoute) -> ResolvedShape:
+    """Everything about a unit that can fail without the cloud (today: its shape), checked before
+    any resource is registered; ``declare()`` may call it for every unit before declaring any."""
+    return resolve_shape("gcloud", unit.shape, route.machine_type, route.gpu, route.disk_gb, what=f"unit {unit.name!r}")
+
+
+class GcloudUnit(pulumi.ComponentResource):
+    """One sandbox VM on GCE and the firewall rules that make it reachable (and only that)."""
+
+    handle: pulumi.Output[dict[str, Any]]
+
+    def __init__(
+        self,
+        name: str,
+        unit: UnitSpec,
+        snapshot: str,
+        route: GcloudRoute,
+        ctx: DeclareContext,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        # Shape first: a unit that cannot be sized fails before anything is registered.
+        shape = preflight(unit, route)
+        super().__init__(UNIT_TYPE, name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        expiry = expiry_for(route.ttl_hours)
+        labels = unit_labels(unit, snapshot, ctx, expiry)
+        tag = network_tag(unit, ctx)
+        description = identity_text(labels)
+        self.rules: list[pulumi.CustomResource] = []
+
+        def ingress(suffix: str, ranges: list[str], port: int) -> None:
+            for family, family_ranges in zip(("", "-v6"), split_ranges(ranges), strict=True):
+                if family_ranges:
+                    firewall = gcp.compute.Firewall(
+                        f"{name}-{suffix}{family}",
+                        project=route.project,
+                        network=route.network,
+                        direction="INGRESS",
+                        priority=1000,
+                        source_ranges=family_ranges,
+                        target_tags=[tag],
+                        allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(port)])],
+                        description=description,
+                        opts=child,
+                    )
+                    self.rules.append(firewall)
+
+        ingress("server", route.allowed_source_ranges, route.server_port)
+        if route.ssh_source_ranges:
+            ingress("ssh", route.ssh_source_ranges, SSH_PORT)
+        if not route.allow_outbound:
+            deny = gcp.compute.Firewall(
+                f"{name}-deny-egress",
+                project=route.project,
+                network=route.network,
+                direction="EGRESS",
+                priority=1000,
+                destination_ranges=["0.0.0.0/0"],
+                target_tags=[tag],
+                denies=[gcp.compute.FirewallDenyArgs(protocol="all")],
+                description=description,
+                opts=child,
+            )
+            self.rules.append(deny)
+
+        script = startup_script(route)
+        if route.os == "windows":
+            metadata = {"windows-startup-script-ps1": script}
+        else:
+            metadata = {"startup-script": script, "enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
+        expiry_path = f'labels["{LABEL_EXPIRY}"]'
+        common: dict[str, Any] = {
+            "project": route.project,
+            "zone": route.zone,
+            "machine_type": shape.machine_type,
+            "labels": labels,
+            "tags": [tag],
+            "metadata": metadata,
+            "deletion_protection": False,
+            "allow_stopping_for_update": True,
+            "enable_display": route.os == "windows",
+            "description": description,
+        }
+        public = not route.reach_privately
+
+        if route.uses_machine_image:
+            if shape.disk_gb is not None:
+                pulumi.log.warn(
+                    f"unit {unit.name}: disk_gb={shape.disk_gb} is not applied; the machine image "
+                    f"{route.image} fixes the disk size"
+                )
+            instance: gcp.compute.Instance | gcp.compute.InstanceFromMachineImage = (
+                gcp.compute.InstanceFromMachineImage(
+                    f"{name}-vm",
+                    source_machine_image=route.image,
+                    network_interfaces=[
+                        gcp.compute.InstanceFromMachineImageNetworkInterfaceArgs(
+                            network=route.network,
+                            subnetwork=route.subnetwork,
+                            access_configs=[gcp.compute.InstanceFromMachineImageNetworkInterfaceAccessConfigArgs()]
+                            if public
+                            else [],
+                        )
+                    ],
+                    scheduling=gcp.compute.InstanceFromMachineImageSchedulingArgs(
+                        provisioning_model="STANDARD",
+                        on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
+                        max_run_duration=gcp.compute.InstanceFromMachineImageSchedulingMaxRunDurationArgs(
+                            seconds=expiry.ttl_seconds
+                        ),
+                        instance_termination_action="DELETE",
+                    ),
+                    guest_accelerators=[
+                        gcp.compute.InstanceFromMachineImageGuestAcceleratorArgs(type=shape.accelerator, count=1)
+                    ]
+                    if shape.accelerator
+                    else None,
+                    opts=pulumi.ResourceOptions(parent=self, ignore_changes=[expiry_path]),
+                    **common,
+                )
+            )
+        else:
+            instance = gcp.compute.Instance(
+                f"{name}-vm",
+                boot_disk=gcp.compute.InstanceBootDiskArgs(
+                    auto_delete=True,
+                    initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                        image=route.image,
+                        size=shape.disk_gb,
+                        type=boot_disk_type(shape.machine_type),
+                        labels=labels,
+                    ),
+                ),
+                network_interfaces=[
+                    gcp.compute.InstanceNetworkInterfaceArgs(
+                        network=route.network,
+                        subnetwork=route.subnetwork,
+                        access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if public else [],
+                    )
+                ],
+                scheduling=gcp.compute.InstanceSchedulingArgs(
+                    provisioning_model="STANDARD",
+                    on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
+                    max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=expiry.ttl_seconds),
+                    instance_termination_action="DELETE",
+                ),
+                guest_accelerators=[gcp.compute.InstanceGuestAcceleratorArgs(type=shape.accelerator, count=1)]
+                if shape.accelerator
+                else None,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    ignore_changes=[expiry_path, f"bootDisk.initializeParams.{expiry_path}"],
+                ),
+                **common,
+            )
+
+        nic = instance.network_interfaces[0]
+        address = nic.access_configs[0].nat_ip if public else nic.network_ip
+        self.instance = instance
+        self.handle = unit_handle(
+            unit=unit,
+            snapshot=snapshot,
+            route=route,
+            region=route.zone,
+            address=address,
+            resource_id=instance.id,
+            resource_labels=instance.labels,
+            labels=labels,
+            depends_on=self.rules,
+        )
+        self.register_outputs({"handle": self.handle})
+
+
+def declare_unit(
+    unit: UnitSpec, snapshot: str, route: GcloudRoute, ctx: DeclareContext
+) -> pulumi.Output[dict[str, Any]]:
+    """Declare one unit on GCE and return its handle (the ``UnitOutputs`` dict, as an Output)."""
+    return GcloudUnit(unit_slug(unit.name), unit, snapshot, route, ctx).handle
