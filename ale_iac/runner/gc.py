@@ -72,8 +72,7 @@ def collect(
         else:
             report.kept[name] = "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
         if not orphan:
-            if expired or not dry_run:
-                _check_expiry(engine, name, now, report, destroy=expired and not dry_run)
+            _check_expiry(engine, name, now, report, destroy=expired and not dry_run)
             continue
         if dry_run:
             report.destroyed.append(name)
