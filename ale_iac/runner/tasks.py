@@ -15,6 +15,7 @@ import base64
 import importlib.util
 import inspect
 import re
+import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -134,6 +135,46 @@ class TaskSandbox:
 
     async def run(self, command: str, timeout: float | None = 60) -> CommandResult:
         return await self.client.run_command(command, timeout=timeout)
+
+    async def run_ok(self, command: str, timeout: float = 60) -> str:
+        """Run ``command``; its stdout, or a RuntimeError with the exit code and the end of stderr."""
+        result = await self.client.run_command(command, timeout=timeout)
+        if result.exit_code != 0:
+            detail = (result.stderr or result.stdout).strip()[-300:]
+            raise RuntimeError(f"`{command[:120]}` exited {result.exit_code}: {detail}")
+        return result.stdout
+
+    async def launch(self, argv: list[str], window: str | None = None, timeout: float = 20) -> None:
+        """Start a program on the sandbox's display, detached from ``run_command``; with ``window``,
+        wait (up to ``timeout``) until a visible window of exactly that title is mapped.
+
+        Detached through Popen (new session, no inherited descriptors) rather than ``cmd &``: a
+        background job that keeps run_command's output pipes open would make the call wait for it.
+        """
+        spawn = (
+            "import subprocess as s, sys; "
+            "s.Popen(sys.argv[1:], stdin=s.DEVNULL, stdout=s.DEVNULL, stderr=s.DEVNULL, start_new_session=True)"
+        )
+        args = " ".join(shlex.quote(a) for a in argv)
+        display = "export DISPLAY=${DISPLAY:-:0}; "
+        await self.run_ok(f"{display}{shlex.quote(self.handle.paths.python)} -c {shlex.quote(spawn)} {args}")
+        if window is not None:
+            title = shlex.quote(f"^{re.escape(window)}$")
+            await self.run_ok(
+                f"{display}timeout {timeout:g} xdotool search --sync --onlyvisible --name {title} >/dev/null",
+                timeout=timeout + 10,
+            )
+
+    async def stop_pidfile(self, pid_file: str, timeout: float = 5) -> None:
+        """Stop the process whose pid ``pid_file`` holds (an earlier run's app), wait until it is gone,
+        and remove the file. Nothing happens if there is no such file."""
+        pid = shlex.quote(pid_file)
+        wait_gone = shlex.quote('while kill -0 "$0" 2>/dev/null; do sleep 0.05; done')
+        await self.run_ok(
+            f'if test -s {pid}; then old="$(cat {pid})"; '
+            f'kill "$old" 2>/dev/null && timeout {timeout:g} sh -c {wait_gone} "$old"; fi; rm -f {pid}',
+            timeout=timeout + 10,
+        )
 
     async def read_text(self, path: str) -> str:
         return await self.client.read_text(path)

@@ -38,51 +38,14 @@ READY_TIMEOUT_S = 20
 PID_FILE = "/tmp/ale-demo-mixed-clipboard-total.pid"
 
 
-async def _run(sandbox: TaskSandbox, command: str, timeout: float = 60) -> str:
-    result = await sandbox.run(command, timeout=timeout)
-    if result.exit_code != 0:
-        detail = (result.stderr or result.stdout).strip()[-300:]
-        raise RuntimeError(f"mixed-clipboard-total setup: `{command[:120]}` exited {result.exit_code}: {detail}")
-    return result.stdout
-
-
-# The computer-server (0.3.46) leaks the write ends of run_command's output pipes into the shell, so
-# `cmd &` or `setsid -f cmd >/dev/null` still holds them open and run_command waits until cmd exits.
-# Popen (close_fds, new session) starts a program that holds none of them.
-_SPAWN = (
-    "import subprocess as s, sys; "
-    "s.Popen(sys.argv[1:], stdin=s.DEVNULL, stdout=s.DEVNULL, stderr=s.DEVNULL, start_new_session=True)"
-)
-
-
-def _spawn_detached(sandbox: TaskSandbox, argv: list[str]) -> str:
-    """A shell command that starts ``argv`` in the background, fully detached, on the sandbox display."""
-    python = shlex.quote(sandbox.handle.paths.python)
-    args = " ".join(shlex.quote(a) for a in argv)
-    return f"DISPLAY=${{DISPLAY:-:0}} {python} -c {shlex.quote(_SPAWN)} {args}"
-
-
-def _stop_previous() -> str:
-    """Shell: stop an earlier instance of the app (a reused sandbox) and wait until it is gone."""
-    pid = shlex.quote(PID_FILE)
-    wait_gone = shlex.quote('while kill -0 "$0" 2>/dev/null; do sleep 0.05; done')
-    return (
-        f'if test -s {pid}; then old="$(cat {pid})"; '
-        f'kill "$old" 2>/dev/null && timeout 5 sh -c {wait_gone} "$old"; fi; rm -f {pid}'
-    )
-
-
 async def setup(sandbox: TaskSandbox) -> None:
     """Empty output and clipboard, then open ALE Form and wait until it accepts input."""
     app_dir = f"{sandbox.task_dir}/app"
     q_app, q_ready, q_out = shlex.quote(app_dir), shlex.quote(PID_FILE), shlex.quote(sandbox.output_dir)
     orders = shlex.quote(f"{sandbox.input_dir}/orders.csv")
-    await _run(
-        sandbox,
-        f"test -s {orders} || {{ echo 'orders.csv was not staged' >&2; exit 1; }}; "
-        f"{_stop_previous()}; "
-        f"rm -rf {q_app} {q_out}; mkdir -p {q_app} {q_out}",
-    )
+    await sandbox.run_ok(f"test -s {orders} || {{ echo 'orders.csv was not staged' >&2; exit 1; }}")
+    await sandbox.stop_pidfile(PID_FILE)
+    await sandbox.run_ok(f"rm -rf {q_app} {q_out}; mkdir -p {q_app} {q_out}")
     await sandbox.client.set_clipboard("")
     await sandbox.write_text(f"{app_dir}/form.py", APP_SOURCE.read_text())
     xterm = [
@@ -91,15 +54,9 @@ async def setup(sandbox: TaskSandbox) -> None:
         "-e", sandbox.handle.paths.python, f"{app_dir}/form.py", f"{sandbox.output_dir}/form.json", PID_FILE,
         f"{app_dir}/draft.txt",
     ]  # fmt: skip
-    await _run(sandbox, _spawn_detached(sandbox, xterm))
+    await sandbox.launch(xterm, window=WINDOW_TITLE, timeout=READY_TIMEOUT_S)
     wait_ready = shlex.quote(f"until test -s {q_ready}; do sleep 0.05; done")
-    await _run(
-        sandbox,
-        f"export DISPLAY=${{DISPLAY:-:0}}; "
-        f"timeout {READY_TIMEOUT_S} xdotool search --sync --onlyvisible --name '^{WINDOW_TITLE}$' >/dev/null && "
-        f"timeout {READY_TIMEOUT_S} sh -c {wait_ready}",
-        timeout=READY_TIMEOUT_S * 2 + 10,
-    )
+    await sandbox.run_ok(f"timeout {READY_TIMEOUT_S} sh -c {wait_ready}", timeout=READY_TIMEOUT_S + 10)
 
 
 async def _read_if_exists(sandbox: TaskSandbox, path: str) -> str | None:
