@@ -59,7 +59,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
     rows = []
     for info in engine.list_stacks():
         try:
-            units = engine.units(info.name) if info.resource_count is None or info.resource_count >= 0 else {}
+            units = engine.units(info.name)
         except AleIacError as exc:
             rows.append(
                 {"stack": info.name, "unit": "-", "endpoint": f"({exc})", "provider": "-", "locked": info.locked}
