@@ -1,0 +1,98 @@
+"""`ale-iac sandbox create|ls|destroy`, `doctor` and bad input, through the real command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ale_iac.engine import Engine
+from ale_iac.infra import local_runtime
+from ale_iac.sandbox.client import ComputerServerClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ale_iac(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ale_iac", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.sandbox
+@pytest.mark.engine
+def test_create_use_list_and_destroy_a_sandbox() -> None:
+    created = ale_iac("sandbox", "create", "--profile", "local", "--json")
+    assert created.returncode == 0, created.stderr
+    handle = json.loads(created.stdout)
+    assert handle["provider"] == "local" and handle["endpoint"].startswith("http://127.0.0.1:")
+
+    async def use() -> str:
+        async with ComputerServerClient(handle["endpoint"]) as client:
+            return (await client.run_command("echo hi from $(hostname)")).stdout
+
+    assert asyncio.run(use()).startswith("hi from ")
+    listed = json.loads(ale_iac("sandbox", "ls", "--json").stdout)
+    assert [(r["stack"], r["endpoint"]) for r in listed] == [(handle["stack"], handle["endpoint"])]
+
+    destroyed = ale_iac("sandbox", "destroy", handle["stack"])
+    assert destroyed.returncode == 0 and f"destroyed {handle['stack']}" in destroyed.stdout
+    assert json.loads(ale_iac("sandbox", "ls", "--json").stdout) == []
+    assert local_runtime.list_sandboxes() == []
+
+
+@pytest.mark.engine
+def test_a_malformed_profile_gives_one_clear_error_and_creates_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text("config:\n  ale-iac:profile:\n    name: bad\n    snapshots:\n      s: {provider: local, vcpu: 2}\n")
+    result = ale_iac("sandbox", "create", "--profile", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {bad}: ale-iac:profile.snapshots.s.vcpu: unknown key"
+    assert Engine().list_stacks() == [] and local_runtime.list_sandboxes() == []
+
+
+@pytest.mark.engine
+def test_a_bad_experiment_gives_one_clear_error_and_creates_nothing(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("name: x\nagents: [scripted]\ntasks: [../nowhere]\nprofile: local\n")
+    result = ale_iac("evaluate", str(exp))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {exp}: tasks: '../nowhere' is neither a task folder nor a list file"
+    assert Engine().list_stacks() == [] and not (tmp_path / "runs").exists()
+
+
+def ale_iac_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ale_iac", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def test_doctor_reports_the_toolchain_and_says_local_can_run() -> None:
+    result = ale_iac("doctor", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"bin/pulumi \(v3\.\d+\.\d+\)", result.stdout)
+    assert "the `local` profile can run here" in result.stdout
+
+
+def test_doctor_fails_with_the_reason_when_there_is_no_pulumi(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "ALE_IAC_PULUMI": str(tmp_path / "none"),
+        "ALE_IAC_CACHE": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    result = ale_iac_env(env, "doctor")
+    assert result.returncode == 1
+    assert "Pulumi CLI not found" in result.stdout and "cannot run here" in result.stdout
