@@ -33,7 +33,10 @@ def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) ->
     from ale_iac.images import build_image
 
     for name in sorted({r.image for r in profile.snapshots.values() if isinstance(r, LocalRoute)}):
-        build_image(name, log=log) if log else build_image(name)
+        if log is None:
+            build_image(name)
+        else:
+            build_image(name, log=log)
 
 
 def up_unit(
