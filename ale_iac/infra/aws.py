@@ -43,7 +43,7 @@ from ale_iac.infra.cloud_common import (
     unit_labels,
     unit_slug,
 )
-from ale_iac.infra.shapes import ResolvedShape, resolve_shape
+from ale_iac.infra.shapes import preflight
 
 UNIT_TYPE = "ale-iac:aws:Unit"
 SSH_PORT = 22
@@ -63,12 +63,6 @@ def user_data(route: AwsRoute, ttl_seconds: int) -> str:
     return script
 
 
-def preflight(unit: UnitSpec, route: AwsRoute) -> ResolvedShape:
-    """Everything about a unit that can fail without the cloud (today: its shape), checked before
-    any resource is registered; ``declare()`` may call it for every unit before declaring any."""
-    return resolve_shape("aws", unit.shape, route.machine_type, route.gpu, route.disk_gb, what=f"unit {unit.name!r}")
-
-
 class AwsUnit(pulumi.ComponentResource):
     """One sandbox instance on EC2 and the security group that makes it reachable (and only that)."""
 
@@ -84,7 +78,7 @@ class AwsUnit(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         # Shape first: a unit that cannot be sized fails before anything is registered.
-        shape = preflight(unit, route)
+        shape = preflight("aws", unit, route)
         super().__init__(UNIT_TYPE, name, None, opts)
         provider = region_provider(route.region)
         child = pulumi.ResourceOptions(parent=self, provider=provider)

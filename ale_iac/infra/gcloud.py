@@ -39,7 +39,7 @@ from ale_iac.infra.cloud_common import (
     unit_labels,
     unit_slug,
 )
-from ale_iac.infra.shapes import ResolvedShape, resolve_shape
+from ale_iac.infra.shapes import preflight
 
 UNIT_TYPE = "ale-iac:gcloud:Unit"
 SSH_PORT = 22
@@ -57,12 +57,6 @@ def boot_disk_type(machine_type: str) -> str:
     return "hyperdisk-balanced" if machine_type.startswith(_HYPERDISK_FAMILIES) else "pd-balanced"
 
 
-def preflight(unit: UnitSpec, route: GcloudRoute) -> ResolvedShape:
-    """Everything about a unit that can fail without the cloud (today: its shape), checked before
-    any resource is registered; ``declare()`` may call it for every unit before declaring any."""
-    return resolve_shape("gcloud", unit.shape, route.machine_type, route.gpu, route.disk_gb, what=f"unit {unit.name!r}")
-
-
 class GcloudUnit(pulumi.ComponentResource):
     """One sandbox VM on GCE and the firewall rules that make it reachable (and only that)."""
 
@@ -78,7 +72,7 @@ class GcloudUnit(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         # Shape first: a unit that cannot be sized fails before anything is registered.
-        shape = preflight(unit, route)
+        shape = preflight("gcloud", unit, route)
         super().__init__(UNIT_TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         expiry = expiry_for(route.ttl_hours)

@@ -21,9 +21,14 @@ Nothing here imports a cloud SDK.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ale_iac.errors import AleIacError
 from ale_iac.profile import Shape
+
+if TYPE_CHECKING:
+    from ale_iac.cloud_routes import CloudRouteBase
+    from ale_iac.infra.declaration import UnitSpec
 
 
 class ShapeError(AleIacError):
@@ -267,3 +272,9 @@ def table_markdown(cloud: str) -> str:
             f"{row.accelerator or '-'} | {row.usd_per_hour:.3f} |"
         )
     return "\n".join(lines)
+
+
+def preflight(cloud: str, unit: UnitSpec, route: CloudRouteBase) -> ResolvedShape:
+    """Everything about a cloud unit that can fail without the cloud (today: its shape), checked
+    before any resource is registered; ``declare()`` may call it for every unit before declaring any."""
+    return resolve_shape(cloud, unit.shape, route.machine_type, route.gpu, route.disk_gb, what=f"unit {unit.name!r}")
