@@ -100,11 +100,7 @@ class Progress:
         table = Table("unit", "phase", "elapsed", "status", "score", title="ale-iac evaluate")
         now = time.monotonic()
         for unit_id, row in self.rows.items():
-            elapsed = (
-                f"{now - row['start']:.0f}s"
-                if row["start"] is not None and row.get("end") is None
-                else (f"{row['end'] - row['start']:.0f}s" if row.get("end") else "")
-            )
+            elapsed = "" if row["start"] is None else f"{(row.get('end') or now) - row['start']:.0f}s"
             score = "" if row["score"] is None else f"{row['score']:.2f}"
             table.add_row(unit_id, row["phase"], elapsed, row["status"], score)
         return table
