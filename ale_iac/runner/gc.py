@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
 from ale_iac.provision import destroy_stack
@@ -56,6 +57,7 @@ def collect(
 
     stacks = engine.list_stacks()
     existing = {s.name for s in stacks}
+    read_units = _UnitsReader(engine)
     if only_stack is not None and only_stack not in existing:
         raise AleIacError(f"no stack named '{only_stack}'")
     for info in stacks:
@@ -72,7 +74,8 @@ def collect(
         else:
             report.kept[name] = "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
         if not orphan:
-            _check_expiry(engine, name, now, report, destroy=expired and not dry_run)
+            if _check_expiry(engine, read_units(name), name, now, report, destroy=expired and not dry_run):
+                existing.discard(name)
             continue
         if dry_run:
             report.destroyed.append(name)
@@ -84,7 +87,7 @@ def collect(
         except AleIacError as exc:
             report.errors.append(f"{name}: {exc}")
 
-    _collect_local_sandboxes(engine, existing, set(live), dry_run, report)
+    _collect_local_sandboxes(engine, read_units, existing, set(live), dry_run, report)
     if not dry_run:
         engine.sweep_work_dirs()
         report.providers_killed = sweep_orphan_providers()
@@ -94,23 +97,42 @@ def collect(
     return report
 
 
-def _check_expiry(engine: Engine, stack: str, now: dt.datetime, report: GcReport, destroy: bool) -> None:
-    try:
-        units = engine.units(stack)
-    except AleIacError:
-        return
-    if any(u.managed and _expired(u.expires_at, now) for u in units.values()):
-        report.expired.append(stack)
-        if destroy:
+class _UnitsReader:
+    """Each stack's unit handles, read once per gc pass (every read is a CLI call); None if unreadable."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cache: dict[str, dict[str, UnitOutputs] | None] = {}
+
+    def __call__(self, stack: str) -> dict[str, UnitOutputs] | None:
+        if stack not in self.cache:
             try:
-                destroy_stack(engine, stack)
-                report.destroyed.append(stack)
-            except AleIacError as exc:
-                report.errors.append(f"{stack}: {exc}")
+                self.cache[stack] = self.engine.units(stack)
+            except AleIacError:
+                self.cache[stack] = None
+        return self.cache[stack]
+
+
+def _check_expiry(
+    engine: Engine, units: dict[str, UnitOutputs] | None, stack: str, now: dt.datetime, report: GcReport, destroy: bool
+) -> bool:
+    """Record the stack if a unit's expiry has passed; with ``destroy``, destroy it. True if destroyed."""
+    if units is None or not any(u.managed and _expired(u.expires_at, now) for u in units.values()):
+        return False
+    report.expired.append(stack)
+    if not destroy:
+        return False
+    try:
+        destroy_stack(engine, stack)
+    except AleIacError as exc:
+        report.errors.append(f"{stack}: {exc}")
+        return False
+    report.destroyed.append(stack)
+    return True
 
 
 def _collect_local_sandboxes(
-    engine: Engine, existing: set[str], live: set[str], dry_run: bool, report: GcReport
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
 ) -> None:
     """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
     is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
@@ -122,10 +144,11 @@ def _collect_local_sandboxes(
         if engine.is_locked(stack):
             busy.add(stack)
             continue
-        try:
-            referenced |= {u.resource_id for u in engine.units(stack).values() if u.provider == "local"}
-        except AleIacError:
+        units = read_units(stack)
+        if units is None:
             busy.add(stack)
+            continue
+        referenced |= {u.resource_id for u in units.values() if u.provider == "local"}
     for state in local_runtime.list_sandboxes():
         if state.sandbox_id in referenced or state.labels.get("stack") in busy:
             continue
