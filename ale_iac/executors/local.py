@@ -38,16 +38,28 @@ class LocalExecutor(BaseExecutor):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=self.work_dir,
-                env={**base_process_env(), **self.env, **(env or {})},
-                process_group=0,  # so a timeout or cancel can kill its whole process group
-                preexec_fn=_die_with_parent,
+            runner_pid = os.getpid()
+            creating = asyncio.ensure_future(
+                asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    cwd=self.work_dir,
+                    env={**base_process_env(), **self.env, **(env or {})},
+                    process_group=0,  # so a timeout or cancel can kill its whole process group
+                    preexec_fn=lambda: _die_with_parent(runner_pid),
+                )
             )
+            try:
+                proc = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                # Cancelled while the process was being started: it may exist already; kill it.
+                with contextlib.suppress(Exception):
+                    started = await creating
+                    _kill_group(started.pid)
+                    await started.wait()
+                raise
             timed_out = False
             try:
                 await asyncio.wait_for(proc.wait(), timeout=timeout_s)
@@ -97,10 +109,18 @@ class LocalExecutor(BaseExecutor):
         return self._path(relpath).exists()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the runner dies, even by SIGKILL (no leaked agents)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# Loaded in the parent: dlopen in a forked child of a threaded process can deadlock.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with_parent(runner_pid: int) -> None:
+    """In the child before exec: get SIGKILL when the runner dies, even by SIGKILL (no leaked agents).
+
+    If the runner died between fork and here, the death signal was already missed: exit instead.
+    """
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != runner_pid:
+        os._exit(1)
 
 
 def _kill_group(pid: int) -> None:

@@ -88,6 +88,10 @@ def _assert_nothing_left(engine: Engine | None = None) -> None:
     assert engine.list_stacks() == []
     assert local_runtime.list_sandboxes() == []
     assert not any(c.stacks for c in read_claims())
+    # A killed agent is gone once the kernel delivers the kill (its runner may have just exited).
+    deadline = time.monotonic() + 10
+    while _agent_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _agent_processes() == []
 
 
