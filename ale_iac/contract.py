@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 UNITS_OUTPUT = "units"
 """Name of the stack output that carries the per-unit handles."""
 
 OsName = Literal["linux", "windows"]
+
+ENDPOINT_TOKEN_ENV = "ALE_IAC_ENDPOINT_TOKEN"
+"""Environment variable that carries an endpoint's bearer token to a process (a bridge, an agent's
+MCP server): never a command-line argument, which every user of the host can read."""
 
 
 class SandboxPaths(BaseModel):
@@ -37,6 +41,11 @@ class UnitOutputs(BaseModel):
     unit: str = Field(description="Unit name, unique within its stack.")
     provider: str = Field(description="Provider kind that realised the unit (local, static, gcloud, ...).")
     endpoint: str = Field(description="Base URL of the unit's Cua computer-server.")
+    endpoint_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token the endpoint requires (a secret: the stack output is marked secret, and it is "
+        "shown as '**********' wherever a handle is printed or recorded). None for endpoints without authentication.",
+    )
     os: OsName = "linux"
     snapshot: str = Field(description="Logical snapshot the unit was routed from.")
     image: str = Field(description="Image the sandbox was created from.")
@@ -46,6 +55,16 @@ class UnitOutputs(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     expires_at: str | None = Field(default=None, description="ISO-8601 time after which gc may reap it.")
     managed: bool = Field(default=True, description="False for endpoints ale-iac did not create (static).")
+
+    def token(self) -> str | None:
+        """The endpoint's bearer token in clear (for a client or a bridge's environment)."""
+        return self.endpoint_token.get_secret_value() if self.endpoint_token else None
+
+    def to_output(self) -> dict[str, Any]:
+        """The plain dict a stack exports (the token in clear: the caller marks the output secret)."""
+        data = self.model_dump()
+        data["endpoint_token"] = self.token()
+        return data
 
 
 def parse_units(raw: Any) -> dict[str, UnitOutputs]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -14,25 +12,13 @@ class Check:
     name: str
     ok: bool
     detail: str
+    fix: str = ""
+    """What to do when it fails."""
 
 
 def _which(tool: str) -> Check:
     path = shutil.which(tool)
     return Check(tool, path is not None, path or "not installed")
-
-
-def overlay_supported() -> Check:
-    try:
-        text = Path("/proc/filesystems").read_text()
-    except OSError as exc:
-        return Check("overlayfs", False, str(exc))
-    ok = any(line.split()[-1] == "overlay" for line in text.splitlines() if line.strip())
-    return Check("overlayfs", ok, "in /proc/filesystems" if ok else "kernel has no overlay filesystem")
-
-
-def running_as_root() -> Check:
-    ok = os.geteuid() == 0
-    return Check("root", ok, "uid 0" if ok else f"uid {os.geteuid()} (local sandboxes mount overlayfs: run as root)")
 
 
 def docker_engine() -> Check:
@@ -54,15 +40,10 @@ def docker_engine() -> Check:
 
 
 def local_substrate_checks() -> list[Check]:
-    """Everything the ``local`` provider needs on the host."""
-    return [
-        running_as_root(),
-        _which("bwrap"),
-        _which("slirp4netns"),
-        _which("unshare"),
-        _which("nsenter"),
-        overlay_supported(),
-    ]
+    """Everything the ``local`` provider needs on the host (the very list its runtime enforces)."""
+    from ale_iac.substrates.local.runtime import host_checks
+
+    return host_checks()
 
 
 def other_substrate_checks() -> list[Check]:

@@ -474,7 +474,7 @@ class _Builder:
 
 def _images_using(rootfs: Path) -> list[str]:
     """Ids of live local sandboxes whose base is ``rootfs`` (it must not change under them)."""
-    from ale_iac.infra import local_runtime
+    from ale_iac.substrates.local import runtime as local_runtime
 
     target = str(rootfs.resolve())
     return [

@@ -74,6 +74,9 @@ class LocalRoute(StrictModel):
     screen_width: int = Field(default=1280, ge=320, le=7680)
     screen_height: int = Field(default=800, ge=240, le=4320)
     allow_outbound: bool = Field(default=False, description="Give the sandbox outbound network.")
+    pids_limit: int = Field(
+        default=4096, ge=64, le=4_194_304, description="Most tasks (processes and threads) alive in a sandbox at once."
+    )
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
 
 

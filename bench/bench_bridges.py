@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -23,14 +24,16 @@ from pathlib import Path
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.sandbox.client import ComputerServerClient
 
 ALE_IAC = str(Path(sys.executable).with_name("ale-iac"))
 
 
 @asynccontextmanager
-async def bridge(kind: str, endpoint: str) -> AsyncIterator[tuple[ClientSession, float]]:
-    params = StdioServerParameters(command=ALE_IAC, args=["mcp", kind, "--endpoint", endpoint])
+async def bridge(kind: str, endpoint: str, token: str | None) -> AsyncIterator[tuple[ClientSession, float]]:
+    env = {ENDPOINT_TOKEN_ENV: token} if token else None
+    params = StdioServerParameters(command=ALE_IAC, args=["mcp", kind, "--endpoint", endpoint], env=env)
     started = time.perf_counter()
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -62,13 +65,16 @@ def row(name: str, direct: list[float], bridged: list[float]) -> str:
     return f"{name:<13} {d:>10.2f} {b:>10.2f} {b / d:>7.2f}x {b - d:>+9.2f}"
 
 
-async def run(endpoint: str, runs: int, warmup: int) -> None:
-    async with ComputerServerClient(endpoint) as client:
+async def run(endpoint: str, token: str | None, runs: int, warmup: int) -> None:
+    async with ComputerServerClient(endpoint, token=token) as client:
         version = await client.check_version()
         size = await client.screen_size()
         print(f"endpoint {endpoint}: cua-computer-server {version.package}, screen {size[0]}x{size[1]}")
         print(f"{runs} calls each after {warmup} warm-up calls; medians in ms\n")
-        async with bridge("vm", endpoint) as (vm, vm_start), bridge("cua", endpoint) as (cua, cua_start):
+        async with (
+            bridge("vm", endpoint, token) as (vm, vm_start),
+            bridge("cua", endpoint, token) as (cua, cua_start),
+        ):
 
             async def vm_run() -> None:
                 result = await vm.call_tool("run_command", {"command": "true"})
@@ -87,24 +93,25 @@ async def run(endpoint: str, runs: int, warmup: int) -> None:
 
 
 @contextmanager
-def local_sandbox() -> Iterator[str]:
+def local_sandbox() -> Iterator[tuple[str, str]]:
     from ale_iac.images import build_image
-    from ale_iac.infra import local_runtime
-    from ale_iac.infra.local_runtime import LocalSandboxSpec
+    from ale_iac.substrates.local import runtime as local_runtime
+    from ale_iac.substrates.local.runtime import LocalSandboxSpec
 
     image = build_image("desktop")
     spec = LocalSandboxSpec(sandbox_id=f"bench-{int(time.time())}", rootfs=str(image.rootfs))
     state = local_runtime.start(spec)
     try:
-        asyncio.run(_wait_ready(state.endpoint))
-        yield state.endpoint
+        token = local_runtime.auth_token(state)
+        asyncio.run(_wait_ready(state.endpoint, token))
+        yield state.endpoint, token
     finally:
         local_runtime.stop(state.sandbox_id)
 
 
-async def _wait_ready(endpoint: str, timeout: float = 90.0) -> None:
+async def _wait_ready(endpoint: str, token: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
-    async with ComputerServerClient(endpoint, connect_timeout=1) as client:
+    async with ComputerServerClient(endpoint, connect_timeout=1, token=token) as client:
         while True:
             try:
                 await client.status()
@@ -117,15 +124,17 @@ async def _wait_ready(endpoint: str, timeout: float = 90.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--endpoint", help="computer-server URL; default: start a local sandbox")
+    parser.add_argument(
+        "--endpoint", help=f"computer-server URL (token from {ENDPOINT_TOKEN_ENV}); default: start a local sandbox"
+    )
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args()
     if args.endpoint:
-        asyncio.run(run(args.endpoint, args.runs, args.warmup))
+        asyncio.run(run(args.endpoint, os.environ.get(ENDPOINT_TOKEN_ENV), args.runs, args.warmup))
         return
-    with local_sandbox() as endpoint:
-        asyncio.run(run(endpoint, args.runs, args.warmup))
+    with local_sandbox() as (endpoint, token):
+        asyncio.run(run(endpoint, token, args.runs, args.warmup))
 
 
 if __name__ == "__main__":

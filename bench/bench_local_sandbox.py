@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 
 from ale_iac.images import ImageInfo, build_image
-from ale_iac.infra import local_runtime
-from ale_iac.infra.local_runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 
 POLL_INTERVAL_S = 0.02
 READY_TIMEOUT_S = 120.0
@@ -46,9 +46,10 @@ class StartSample:
     stop_s: float
 
 
-def wait_for_status(endpoint: str, started: float) -> float:
+def wait_for_status(state: LocalSandboxState, started: float) -> float:
+    endpoint = state.endpoint
     deadline = started + READY_TIMEOUT_S
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, headers={"Authorization": f"Bearer {local_runtime.auth_token(state)}"}) as client:
         while True:
             try:
                 if client.get(f"{endpoint}/status").status_code == 200:
@@ -71,7 +72,7 @@ def one_start(image: ImageInfo, home: Path, keep: list[LocalSandboxState] | None
     state = local_runtime.start(spec, home=home)
     returned = time.monotonic() - started
     try:
-        ready = wait_for_status(state.endpoint, started)
+        ready = wait_for_status(state, started)
     finally:
         if keep is None:
             t0 = time.monotonic()
@@ -116,7 +117,7 @@ def process_name(pid: int) -> str:
     except OSError:
         return "?"
     words = [a.decode(errors="replace") for a in argv if a]
-    if any("local_supervisor" in word for word in words):
+    if any("ale_iac.substrates.local.supervisor" in word for word in words):
         return "supervisor"
     if "-m" in words:
         return words[words.index("-m") + 1]

@@ -18,15 +18,18 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.images import ImageInfo, build_image
-from ale_iac.infra import local_runtime
-from ale_iac.infra.local_runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 
 READY_TIMEOUT_S = 90.0
 POLL_INTERVAL_S = 0.05
@@ -37,36 +40,73 @@ class SandboxNotReadyError(AssertionError):
     pass
 
 
-def wait_for_status(endpoint: str, timeout: float = READY_TIMEOUT_S) -> float:
+@dataclass(frozen=True)
+class Endpoint:
+    """A computer-server URL and the bearer token it requires (None for one that needs none)."""
+
+    url: str
+    token: str | None = None
+
+    @classmethod
+    def of(cls, state: LocalSandboxState) -> Endpoint:
+        return cls(state.endpoint, local_runtime.auth_token(state))
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def client(self, **kwargs: Any) -> ComputerServerClient:
+        return ComputerServerClient(self.url, token=self.token, **kwargs)
+
+    def bridge_env(self) -> dict[str, str]:
+        """What a bridge process needs in its environment to reach this endpoint."""
+        return {ENDPOINT_TOKEN_ENV: self.token} if self.token else {}
+
+
+Target = Endpoint | LocalSandboxState
+
+
+def endpoint_of(target: Target) -> Endpoint:
+    return target if isinstance(target, Endpoint) else Endpoint.of(target)
+
+
+def wait_for_status(target: Target, timeout: float = READY_TIMEOUT_S) -> float:
     """Poll ``GET /status`` until it answers 200; returns the seconds waited.
 
-    Raises with the endpoint and the last error seen once the monotonic deadline passes.
+    Raises with the endpoint, the last error seen and the sandbox's own log tails once the
+    monotonic deadline passes.
     """
+    endpoint = endpoint_of(target)
     started = time.monotonic()
     deadline = started + timeout
     last_error = "no attempt"
-    with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+    with httpx.Client(timeout=httpx.Timeout(2.0), headers=endpoint.headers) as client:
         while True:
             try:
-                response = client.get(f"{endpoint}/status")
+                response = client.get(f"{endpoint.url}/status")
                 if response.status_code == 200:
                     return time.monotonic() - started
                 last_error = f"HTTP {response.status_code}: {response.text[:200]}"
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:
+                tails = local_runtime.log_tails(target) if isinstance(target, LocalSandboxState) else ""
                 raise SandboxNotReadyError(
-                    f"{endpoint}/status did not answer within {timeout:.0f} s; last error: {last_error}"
+                    f"{endpoint.url}/status did not answer within {timeout:.0f} s; last error: {last_error}\n{tails}"
                 )
             time.sleep(POLL_INTERVAL_S)
 
 
 def cmd(
-    endpoint: str, name: str, params: dict[str, Any] | None = None, *, http_timeout: float = 60.0
+    target: Target, name: str, params: dict[str, Any] | None = None, *, http_timeout: float = 60.0
 ) -> dict[str, Any]:
     """One ``POST /cmd``; returns the decoded ``data: {json}`` reply."""
+    endpoint = endpoint_of(target)
     response = httpx.post(
-        f"{endpoint}/cmd", json={"command": name, "params": params or {}}, timeout=http_timeout
+        f"{endpoint.url}/cmd",
+        json={"command": name, "params": params or {}},
+        timeout=http_timeout,
+        headers=endpoint.headers,
     )
     response.raise_for_status()
     body = response.text.strip()
@@ -75,9 +115,9 @@ def cmd(
     return reply
 
 
-def run(endpoint: str, command: str, *, http_timeout: float = 60.0) -> dict[str, Any]:
+def run(target: Target, command: str, *, http_timeout: float = 60.0) -> dict[str, Any]:
     """``run_command`` in the sandbox; returns stdout, stderr, return_code."""
-    reply = cmd(endpoint, "run_command", {"command": command}, http_timeout=http_timeout)
+    reply = cmd(target, "run_command", {"command": command}, http_timeout=http_timeout)
     assert "return_code" in reply, reply
     return reply
 
@@ -109,7 +149,7 @@ def local_sandbox(
     )
     state = local_runtime.start(spec, home=home)
     try:
-        wait_for_status(state.endpoint)
+        wait_for_status(state)
         yield state
     finally:
         local_runtime.stop(state.sandbox_id, home=home)
@@ -129,7 +169,7 @@ def sandbox_factory(desktop_image: ImageInfo) -> Iterator[SandboxFactory]:
         state = local_runtime.start(LocalSandboxSpec(**fields))
         started.append(state)
         if wait:
-            wait_for_status(state.endpoint)
+            wait_for_status(state)
         return state
 
     try:

@@ -44,7 +44,7 @@ def doctor() -> None:
     for check in hostcheck.local_substrate_checks():
         subs.add_row(f"local: {check.name}", "yes" if check.ok else "[red]no[/red]", check.detail)
         if not check.ok:
-            problems.append(f"local sandboxes need {check.name}: {check.detail}")
+            problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")
     for check in hostcheck.other_substrate_checks():
         subs.add_row(check.name, "yes" if check.ok else "no", check.detail)
     from ale_iac.images import find_image

@@ -8,10 +8,12 @@ inside the command, and nothing but MCP traffic is ever written to stdout.
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
 import typer
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
 from ale_iac.errors import AleIacError
 
 mcp_app = typer.Typer(
@@ -21,15 +23,22 @@ mcp_app = typer.Typer(
 
 BridgeKind = Literal["vm", "cua"]
 
-_ENDPOINT_HELP = "Base URL of the sandbox's computer-server, e.g. http://127.0.0.1:18000."
+_ENDPOINT_HELP = (
+    "Base URL of the sandbox's computer-server, e.g. http://127.0.0.1:18000; its token, if it needs one, "
+    f"comes from the environment variable {TOKEN_ENV} (never from the command line, which other users can read)."
+)
 _STACK_HELP = "Stack whose unit to bridge (instead of --endpoint)."
 _UNIT_HELP = "Unit of --stack (default: the stack's only unit)."
-_HTTP_HELP = "Serve streamable HTTP on 127.0.0.1 (path /mcp) instead of stdio."
+BRIDGE_TOKEN_ENV = "ALE_IAC_BRIDGE_TOKEN"
+_HTTP_HELP = (
+    "Serve streamable HTTP on 127.0.0.1 (path /mcp) instead of stdio; clients must send "
+    f"'Authorization: Bearer <token>' with the token from the environment variable {BRIDGE_TOKEN_ENV}."
+)
 _PORT_HELP = "Port for --http."
 
 
-def resolve_endpoint(endpoint: str | None, stack: str | None, unit: str | None) -> str:
-    """The computer-server URL named by exactly one of ``--endpoint`` and ``--stack [--unit]``."""
+def resolve_endpoint(endpoint: str | None, stack: str | None, unit: str | None) -> tuple[str, str | None]:
+    """The computer-server URL and token named by exactly one of ``--endpoint`` and ``--stack [--unit]``."""
     if endpoint and stack:
         raise AleIacError("give either --endpoint or --stack, not both")
     if unit and not stack:
@@ -37,15 +46,16 @@ def resolve_endpoint(endpoint: str | None, stack: str | None, unit: str | None) 
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             raise AleIacError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
-        return endpoint
+        return endpoint, os.environ.get(TOKEN_ENV) or None
     if stack:
         from ale_iac.engine import read_unit_handle
 
-        return read_unit_handle(stack, unit).endpoint
+        handle = read_unit_handle(stack, unit)
+        return handle.endpoint, handle.token()
     raise AleIacError("name the sandbox with --endpoint URL or --stack NAME [--unit UNIT]")
 
 
-def serve(kind: BridgeKind, endpoint: str, http_port: int | None = None) -> None:
+def serve(kind: BridgeKind, endpoint: str, token: str | None, http_port: int | None = None) -> None:
     """Run one bridge until its transport closes (stdin EOF for stdio; a signal for HTTP)."""
     import contextlib
 
@@ -59,13 +69,13 @@ def serve(kind: BridgeKind, endpoint: str, http_port: int | None = None) -> None
         else:
             from ale_iac.bridges.cua import build_server
 
-        async with ComputerServerClient(endpoint) as client:
+        async with ComputerServerClient(endpoint, token=token) as client:
             server = build_server(lambda: client)
             try:
                 if http_port is None:
                     await server.run_stdio_async()
                 else:
-                    await server.run_streamable_http_async(host="127.0.0.1", port=http_port)
+                    await _serve_http(server, http_port, _bridge_token())
             finally:
                 # PTY sessions belong to this bridge process: nobody can reach them after it exits.
                 with anyio.move_on_after(5, shield=True):
@@ -74,6 +84,42 @@ def serve(kind: BridgeKind, endpoint: str, http_port: int | None = None) -> None
                             await client.pty_kill(pid)
 
     anyio.run(main)
+
+
+def _bridge_token() -> str:
+    token = os.environ.get(BRIDGE_TOKEN_ENV, "")
+    if len(token) < 16:
+        raise AleIacError(
+            f"--http needs a bearer token of at least 16 characters in {BRIDGE_TOKEN_ENV} (for example "
+            f"export {BRIDGE_TOKEN_ENV}=$(openssl rand -hex 32)); any user of this host could drive the "
+            "sandbox through an open port otherwise"
+        )
+    return token
+
+
+async def _serve_http(server: Any, port: int, token: str) -> None:
+    """The bridge's streamable HTTP app on 127.0.0.1, admitting only requests with the bearer token."""
+    import hmac
+
+    import uvicorn
+
+    app = server.streamable_http_app(host="127.0.0.1")
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                body = b"401 Unauthorized: send Authorization: Bearer <the bridge's token>\n"
+                await send(
+                    {"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]}
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    config = uvicorn.Config(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve()
 
 
 def _run(
@@ -85,7 +131,10 @@ def _run(
         raise AleIacError("--port is only used with --http")
     if port is not None and not 1 <= port <= 65535:
         raise AleIacError(f"--port must be in 1..65535, got {port}")
-    serve(kind, resolve_endpoint(endpoint, stack, unit), port if http else None)
+    url, token = resolve_endpoint(endpoint, stack, unit)
+    if http:
+        _bridge_token()  # refused before anything starts
+    serve(kind, url, token, port if http else None)
 
 
 @mcp_app.command("vm")

@@ -1,4 +1,4 @@
-"""``ale-iac sandbox create|ls|destroy``: single sandboxes by hand, one ephemeral stack each."""
+"""``ale-iac sandbox create|env|ls|destroy``: single sandboxes by hand, one ephemeral stack each."""
 
 from __future__ import annotations
 
@@ -47,7 +47,32 @@ def create(
         sys.stdout.write(json.dumps(handle.summary(), indent=2) + "\n")
     else:
         Console().print_json(data=handle.summary())
+    err.print(f"use it with: eval \"$(ale-iac sandbox env {stack})\"   (the endpoint and its token)")
     err.print(f"destroy it with: ale-iac sandbox destroy {stack}")
+
+
+@sandbox_app.command("env")
+def env(
+    stack: str = typer.Argument(..., help="Stack of the sandbox (as printed by `sandbox create`)."),
+    unit: str = typer.Option(None, help="Unit of the stack (default: its only unit)."),
+) -> None:
+    """Print shell lines that export the sandbox's endpoint and its token, for `eval "$(...)"`.
+
+    Sandboxes ale-iac starts answer only requests that carry their token; ``ale-iac mcp vm|cua``
+    and the client read it from ALE_IAC_ENDPOINT_TOKEN.
+    """
+    import shlex
+
+    from ale_iac.contract import ENDPOINT_TOKEN_ENV
+    from ale_iac.engine import read_unit_handle
+
+    handle = read_unit_handle(stack, unit)
+    typer.echo(f"export ALE_IAC_ENDPOINT={shlex.quote(handle.endpoint)}")
+    token = handle.token()
+    if token:
+        typer.echo(f"export {ENDPOINT_TOKEN_ENV}={shlex.quote(token)}")
+    else:
+        typer.echo(f"unset {ENDPOINT_TOKEN_ENV}")
 
 
 @sandbox_app.command("ls")

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
 from ale_iac.executors import BaseExecutor, BridgeKind, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
 
 _PR_SET_PDEATHSIG = 1
@@ -88,6 +89,9 @@ class LocalExecutor(BaseExecutor):
     def bridge(self, kind: BridgeKind) -> BridgeLaunch:
         cmd = ale_iac_command()
         env = {k: v for k, v in base_process_env().items() if k not in self.env}
+        token = self.sandbox.token()
+        if token:
+            env[TOKEN_ENV] = token  # in the environment, never on a command line other users can read
         return BridgeLaunch(command=cmd[0], args=[*cmd[1:], "mcp", kind, "--endpoint", self.sandbox.endpoint], env=env)
 
     def write_text(self, relpath: str, text: str) -> str:

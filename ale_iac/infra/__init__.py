@@ -2,7 +2,7 @@
 
 The machinery lives in :mod:`ale_iac.infra.declaration`; its names are re-exported here lazily, so that
 processes which only need a leaf module (the local sandbox supervisor imports
-``ale_iac.infra.local_supervisor``) do not pay for importing pydantic models and Pulumi.
+``ale_iac.substrates.local.supervisor``) do not pay for importing pydantic models and Pulumi.
 """
 
 from __future__ import annotations

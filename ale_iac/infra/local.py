@@ -28,10 +28,11 @@ from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute
 PROVIDER_KIND = "local"
 INPUT_KEYS = (
     "name_prefix", "rootfs", "image", "screen_width", "screen_height", "allow_outbound",
-    "vcpus", "memory_gb", "labels",
+    "vcpus", "memory_gb", "disk_gb", "pids_limit", "labels",
 )
 """Inputs of a LocalSandbox; a change to any of them replaces the sandbox."""
-OUTPUT_KEYS = ("sandbox_id", "endpoint", "host_port", "supervisor_pid", "state_dir", "limits")
+OUTPUT_KEYS = ("sandbox_id", "endpoint", "endpoint_token", "host_port", "supervisor_pid", "state_dir", "limits")
+SECRET_OUTPUTS = ["endpoint_token"]
 _SUFFIX_BYTES = 3  # six hex digits
 _PREFIX_MAX = 48 - 1 - 2 * _SUFFIX_BYTES
 
@@ -60,7 +61,7 @@ class LocalSandboxProvider(ResourceProvider):
     """CRUD of one local sandbox. Stateless: everything it needs comes in the properties."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from ale_iac.infra import local_runtime
+        from ale_iac.substrates.local import runtime as local_runtime
 
         spec = local_runtime.LocalSandboxSpec(
             sandbox_id=new_sandbox_id(str(props["name_prefix"])),
@@ -70,6 +71,8 @@ class LocalSandboxProvider(ResourceProvider):
             allow_outbound=bool(props.get("allow_outbound", False)),
             vcpus=_optional_int(props.get("vcpus")),
             memory_gb=_optional_float(props.get("memory_gb")),
+            disk_gb=int(props.get("disk_gb") or local_runtime.DEFAULT_DISK_GB),
+            pids_limit=int(props.get("pids_limit") or local_runtime.DEFAULT_PIDS_LIMIT),
             labels={str(k): str(v) for k, v in dict(props.get("labels") or {}).items()},
         )
         state = local_runtime.start(spec)
@@ -77,6 +80,7 @@ class LocalSandboxProvider(ResourceProvider):
         outs.update(
             sandbox_id=state.sandbox_id,
             endpoint=state.endpoint,
+            endpoint_token=local_runtime.auth_token(state),
             host_port=state.host_port,
             supervisor_pid=state.supervisor_pid,
             state_dir=state.state_dir,
@@ -92,7 +96,7 @@ class LocalSandboxProvider(ResourceProvider):
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from ale_iac.infra import local_runtime
+        from ale_iac.substrates.local import runtime as local_runtime
 
         # Gone without a trace (state dir deleted): tell a refresh it no longer exists. A dead
         # sandbox whose state dir remains stays in the stack, so that destroy cleans it up.
@@ -101,7 +105,7 @@ class LocalSandboxProvider(ResourceProvider):
         return ReadResult(id_, props)
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        from ale_iac.infra import local_runtime
+        from ale_iac.substrates.local import runtime as local_runtime
 
         local_runtime.stop(id_, home=_home_of(props))
 
@@ -121,6 +125,7 @@ class LocalSandbox(Resource, module="ale", name="LocalSandbox"):
 
     sandbox_id: pulumi.Output[str]
     endpoint: pulumi.Output[str]
+    endpoint_token: pulumi.Output[str]
     host_port: pulumi.Output[int]
     supervisor_pid: pulumi.Output[int]
     state_dir: pulumi.Output[str]
@@ -130,6 +135,9 @@ class LocalSandbox(Resource, module="ale", name="LocalSandbox"):
         unknown = sorted(set(props) - set(INPUT_KEYS))
         if unknown:
             raise ValueError(f"LocalSandbox {name}: unknown properties {unknown}")
+        # The token is a secret output: encrypted in the state, shown as [secret] by plain pulumi.
+        secret = pulumi.ResourceOptions(additional_secret_outputs=SECRET_OUTPUTS)
+        opts = pulumi.ResourceOptions.merge(opts, secret) if opts else secret
         super().__init__(LocalSandboxProvider(), name, {**props, **dict.fromkeys(OUTPUT_KEYS)}, opts)
 
 
@@ -151,16 +159,19 @@ def declare_unit(
         "allow_outbound": route.allow_outbound,
         "vcpus": shape.vcpus,
         "memory_gb": shape.memory_gb,
+        "disk_gb": shape.disk_gb,
+        "pids_limit": route.pids_limit,
         "labels": labels,
     }
     sandbox = LocalSandbox(unit.name, props)
 
     def handle(values: list[Any]) -> dict[str, Any]:
-        endpoint, sandbox_id = values
+        endpoint, token, sandbox_id = values
         return UnitOutputs(
             unit=unit.name,
             provider=PROVIDER_KIND,
             endpoint=str(endpoint),
+            endpoint_token=token,
             os="linux",
             snapshot=snapshot,
             image=image.ref,
@@ -168,7 +179,10 @@ def declare_unit(
             paths=LINUX_DESKTOP_PATHS,
             labels=labels,
             managed=True,
-        ).model_dump()
+        ).to_output()
 
-    result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(sandbox.endpoint, sandbox.sandbox_id).apply(handle)
+    # The handle carries the token, so the whole output is secret (Output.all keeps secretness).
+    result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(
+        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id
+    ).apply(handle)
     return result

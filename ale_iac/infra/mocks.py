@@ -244,6 +244,7 @@ def _local(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
     outputs["sandbox_id"] = f"{outputs.get('name_prefix', name)}-mock"
     outputs["host_port"] = port
     outputs["endpoint"] = "<endpoint>" if mocks.symbolic_addresses else f"http://127.0.0.1:{port}"
+    outputs["endpoint_token"] = "<token>" if mocks.symbolic_addresses else f"mock-token-{name}-0123456789"
 
 
 _COMPUTED: dict[str, Callable[[RecordingMocks, str, dict[str, Any]], None]] = {

@@ -136,7 +136,7 @@ def _collect_local_sandboxes(
 ) -> None:
     """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
     is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
-    from ale_iac.infra import local_runtime
+    from ale_iac.substrates.local import runtime as local_runtime
 
     referenced: set[str] = set()
     busy: set[str] = set(live)

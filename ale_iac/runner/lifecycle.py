@@ -155,6 +155,9 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
                 labels={"run": ctx.run_id, "unit": plan.unit_id[-60:]},
             )
             handle = await _blocking(up_unit, ctx.engine, ctx.profile, stack, unit)
+        token = handle.token()
+        if token:
+            ctx.redactor.add(token)  # an agent's logs could echo its bridge's environment
         record.phase_end("provision", stack=handle.stack, endpoint=handle.endpoint)
         record.write_run(handle=handle.summary())
 

@@ -30,6 +30,7 @@ from typing import Any, Final, Literal, Self
 
 import httpx
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.errors import AleIacError
 from ale_iac.sandbox.keys import normalize_key, normalize_keys
 
@@ -217,12 +218,15 @@ class ComputerServerClient:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         connect_timeout: float = 5.0,
+        token: str | None = None,
         trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``token``: the bearer token the endpoint requires (sandboxes ale-iac starts have one)."""
         if not endpoint.startswith(("http://", "https://")):
             raise ValueError(f"computer-server endpoint must be an http(s) URL, got {endpoint!r}")
         self.endpoint = endpoint.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         # uvicorn closes idle keep-alive connections after 5 s; expiring ours first avoids reusing a
@@ -233,6 +237,7 @@ class ComputerServerClient:
             limits=httpx.Limits(max_keepalive_connections=8, keepalive_expiry=4.0),
             trust_env=trust_env,  # sandboxes sit on loopback or allow-listed addresses: never through a proxy
             transport=transport,
+            headers=headers,
         )
         self._ptys: dict[int, _PtySession] = {}
         self._os_type: str | None = None
@@ -809,6 +814,11 @@ def _describe(exc: BaseException) -> str:
 
 
 def _http_error(response: httpx.Response) -> str:
+    if response.status_code == 401:
+        return (
+            "HTTP 401: the endpoint refused the token (none given, or not this sandbox's); "
+            f"use the sandbox's handle (--stack/--unit) or set {ENDPOINT_TOKEN_ENV}"
+        )
     detail: Any = None
     try:
         body = response.json()

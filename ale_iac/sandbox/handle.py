@@ -4,39 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import SecretStr
 
-from ale_iac.contract import OsName, SandboxPaths, UnitOutputs
+from ale_iac.contract import OsName, UnitOutputs
 
 if TYPE_CHECKING:
     from ale_iac.sandbox.client import ComputerServerClient
 
 
-class SandboxHandle(BaseModel):
-    """Where a sandbox is and how its image is laid out. Immutable and JSON-serializable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SandboxHandle(UnitOutputs):
+    """Where a sandbox is and how its image is laid out: a unit's outputs plus the stack it is in.
+    Immutable and JSON-serializable (the token is written as '**********')."""
 
     stack: str
-    unit: str
-    provider: str
-    endpoint: str
-    os: OsName
-    snapshot: str
-    image: str
-    resource_id: str
-    region: str | None = None
-    paths: SandboxPaths
-    labels: dict[str, str] = {}
-    expires_at: str | None = None
-    managed: bool = True
 
     @classmethod
     def from_outputs(cls, stack: str, outputs: UnitOutputs) -> SandboxHandle:
         return cls(stack=stack, **outputs.model_dump())
 
     @classmethod
-    def for_endpoint(cls, endpoint: str, os: OsName = "linux") -> SandboxHandle:
+    def for_endpoint(cls, endpoint: str, os: OsName = "linux", token: str | None = None) -> SandboxHandle:
         """A handle for a bare endpoint (``--endpoint URL``): no stack, default Linux paths."""
         from ale_iac.profile import LINUX_DESKTOP_PATHS
 
@@ -45,6 +32,7 @@ class SandboxHandle(BaseModel):
             unit="endpoint",
             provider="endpoint",
             endpoint=endpoint.rstrip("/"),
+            endpoint_token=SecretStr(token) if token else None,
             os=os,
             snapshot="",
             image="",
@@ -56,7 +44,7 @@ class SandboxHandle(BaseModel):
     def client(self, timeout: float = 60.0) -> ComputerServerClient:
         from ale_iac.sandbox.client import ComputerServerClient
 
-        return ComputerServerClient(self.endpoint, timeout=timeout)
+        return ComputerServerClient(self.endpoint, timeout=timeout, token=self.token())
 
     def summary(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -39,7 +39,7 @@ async def wait_ready(handle: SandboxHandle, timeout_s: float, *, min_poll_s: flo
     last_error = "no attempt made"
     attempts = 0
     poll = min_poll_s
-    async with ComputerServerClient(handle.endpoint, timeout=10.0) as client:
+    async with ComputerServerClient(handle.endpoint, timeout=10.0, token=handle.token()) as client:
         while True:
             attempts += 1
             remaining = deadline - time.monotonic()

@@ -33,6 +33,7 @@ from ale_iac.runner.tasks import TaskSandbox, load_task, load_task_list, upload_
 from ale_iac.runner.trajectory import Trajectory
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
+from ale_iac.substrates.local import runtime as local_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_DIR = REPO / "agents" / "scripted"
@@ -160,7 +161,7 @@ class UnitResult:
 
 @pytest.fixture(scope="module")
 def handle(local_sandbox: Any) -> SandboxHandle:
-    sandbox = SandboxHandle.for_endpoint(str(local_sandbox.endpoint))
+    sandbox = SandboxHandle.for_endpoint(str(local_sandbox.endpoint), token=local_runtime.auth_token(local_sandbox))
     asyncio.run(wait_ready(sandbox, 90))
     return sandbox
 

@@ -19,6 +19,7 @@ from mcp.client.stdio import stdio_client
 from mcp_types import CallToolResult, Tool
 
 from tests.sandbox.conftest import computer_server_endpoint
+from tests.sandbox_fixtures import Endpoint
 
 __all__ = ["computer_server_endpoint"]
 
@@ -98,8 +99,10 @@ def _texts(result: CallToolResult) -> list[str]:
 
 
 @contextmanager
-def open_bridge(kind: str, endpoint: str, errlog: Path) -> Iterator[Bridge]:
-    params = StdioServerParameters(command=ALE_IAC, args=["mcp", kind, "--endpoint", endpoint])
+def open_bridge(kind: str, endpoint: Endpoint, errlog: Path) -> Iterator[Bridge]:
+    params = StdioServerParameters(
+        command=ALE_IAC, args=["mcp", kind, "--endpoint", endpoint.url], env=endpoint.bridge_env()
+    )
 
     @asynccontextmanager
     async def session() -> AsyncIterator[ClientSession]:
@@ -116,12 +119,12 @@ def open_bridge(kind: str, endpoint: str, errlog: Path) -> Iterator[Bridge]:
 
 
 @pytest.fixture(scope="module")
-def vm_bridge(computer_server_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+def vm_bridge(computer_server_endpoint: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     with open_bridge("vm", computer_server_endpoint, tmp_path_factory.mktemp("vm") / "stderr.log") as bridge:
         yield bridge
 
 
 @pytest.fixture(scope="module")
-def cua_bridge(computer_server_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+def cua_bridge(computer_server_endpoint: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     with open_bridge("cua", computer_server_endpoint, tmp_path_factory.mktemp("cua") / "stderr.log") as bridge:
         yield bridge

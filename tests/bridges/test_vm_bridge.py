@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import socket
 import subprocess
@@ -20,12 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+import httpx2
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.bridges.conftest import ALE_IAC, OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
 from tests.sandbox import desktop
+from tests.sandbox_fixtures import Endpoint
 
 pytestmark = pytest.mark.sandbox
 
@@ -195,13 +199,29 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_streamable_http_bound_to_loopback(computer_server_endpoint: str, tmp_path: Path) -> None:
+def test_streamable_http_needs_a_bridge_token(computer_server_endpoint: Endpoint) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ALE_IAC_BRIDGE_TOKEN"}
+    done = subprocess.run(
+        [ALE_IAC, "mcp", "vm", "--endpoint", computer_server_endpoint.url, "--http", "--port", "9"],
+        env={**env, **computer_server_endpoint.bridge_env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "--http needs a bearer token of at least 16 characters in ALE_IAC_BRIDGE_TOKEN" in done.stderr
+
+
+def test_streamable_http_bound_to_loopback(computer_server_endpoint: Endpoint, tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    bridge_token = secrets.token_hex(32)
     log = (tmp_path / "bridge.log").open("wb")
     bridge = subprocess.Popen(
-        [ALE_IAC, "mcp", "vm", "--endpoint", computer_server_endpoint, "--http", "--port", str(port)],
+        [ALE_IAC, "mcp", "vm", "--endpoint", computer_server_endpoint.url, "--http", "--port", str(port)],
+        env={**os.environ, **computer_server_endpoint.bridge_env(), "ALE_IAC_BRIDGE_TOKEN": bridge_token},
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -213,10 +233,14 @@ def test_streamable_http_bound_to_loopback(computer_server_endpoint: str, tmp_pa
             assert time.monotonic() < deadline, "the HTTP bridge did not start listening"
             time.sleep(0.05)
         assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1 only
+        # Another user of this host, without the token, gets nowhere.
+        refused = httpx.post(f"http://127.0.0.1:{port}/mcp", json={}, timeout=10)
+        assert refused.status_code == 401, refused.text
 
         async def session() -> tuple[list[str], str]:
             async with (
-                streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, *_),
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {bridge_token}"}) as http_client,
+                streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client) as (read, write, *_),
                 ClientSession(read, write) as client,
             ):
                 await client.initialize()
@@ -237,12 +261,13 @@ def test_streamable_http_bound_to_loopback(computer_server_endpoint: str, tmp_pa
         log.close()
 
 
-def test_stdio_over_socketpairs_as_node_clients_spawn_it(computer_server_endpoint: str) -> None:
+def test_stdio_over_socketpairs_as_node_clients_spawn_it(computer_server_endpoint: Endpoint) -> None:
     """Node-based MCP clients (Claude Code) give the bridge socketpairs, not pipes, as stdin and stdout."""
     stdin_parent, stdin_child = socket.socketpair()
     stdout_parent, stdout_child = socket.socketpair()
     bridge = subprocess.Popen(
-        [ALE_IAC, "mcp", "vm", "--endpoint", computer_server_endpoint],
+        [ALE_IAC, "mcp", "vm", "--endpoint", computer_server_endpoint.url],
+        env={**os.environ, **computer_server_endpoint.bridge_env()},
         stdin=stdin_child.fileno(),
         stdout=stdout_child.fileno(),
     )

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra import local_runtime
-from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
+from ale_iac.substrates.local import runtime as local_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,11 +33,20 @@ def test_create_use_list_and_destroy_a_sandbox() -> None:
     handle = json.loads(created.stdout)
     assert handle["provider"] == "local" and handle["endpoint"].startswith("http://127.0.0.1:")
 
-    async def use() -> str:
-        async with ComputerServerClient(handle["endpoint"]) as client:
+    assert handle["endpoint_token"] == "**********"  # printed handles never show the token
+    exported = ale_iac("sandbox", "env", handle["stack"])
+    assert exported.returncode == 0, exported.stderr
+    variables = dict(re.findall(r"^export (\w+)=(\S+)$", exported.stdout, re.MULTILINE))
+    assert variables["ALE_IAC_ENDPOINT"] == handle["endpoint"]
+    token = variables["ALE_IAC_ENDPOINT_TOKEN"]
+
+    async def use(token: str | None) -> str:
+        async with ComputerServerClient(handle["endpoint"], token=token) as client:
             return (await client.run_command("echo hi from $(hostname)")).stdout
 
-    assert asyncio.run(use()).startswith("hi from ")
+    assert asyncio.run(use(token)).startswith("hi from ")
+    with pytest.raises(ComputerServerError, match="HTTP 401"):
+        asyncio.run(use(None))
     listed = json.loads(ale_iac("sandbox", "ls", "--json").stdout)
     assert [(r["stack"], r["endpoint"]) for r in listed] == [(handle["stack"], handle["endpoint"])]
 

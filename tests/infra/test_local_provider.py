@@ -17,7 +17,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from ale_iac.contract import UnitOutputs
 from ale_iac.errors import AleIacError
 from ale_iac.images import ImageInfo
-from ale_iac.infra import DeclareContext, UnitSpec, local_runtime
+from ale_iac.infra import DeclareContext, UnitSpec
 from ale_iac.infra.local import (
     INPUT_KEYS,
     LocalSandboxProvider,
@@ -27,7 +27,8 @@ from ale_iac.infra.local import (
 )
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute, Shape
-from tests.sandbox_fixtures import run, wait_for_status
+from ale_iac.substrates.local import runtime as local_runtime
+from tests.sandbox_fixtures import Endpoint, run, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +43,8 @@ def provider_props(image: ImageInfo, **overrides: Any) -> dict[str, Any]:
         "allow_outbound": False,
         "vcpus": None,
         "memory_gb": None,
+        "disk_gb": None,
+        "pids_limit": None,
         "labels": {"stack": "pytest", "unit": "unit0", "profile": "local"},
     }
     props.update(overrides)
@@ -155,10 +158,12 @@ def test_create_and_delete_called_directly(desktop_image: ImageInfo) -> None:
         assert result.id == outs["sandbox_id"] and result.id.startswith("pytest-unit0-")
         assert outs["endpoint"] == f"http://127.0.0.1:{outs['host_port']}"
         assert outs["image"] == desktop_image.ref
-        assert {record["name"] for record in outs["limits"]} == {"vcpus", "memory_gb"}
+        assert {record["name"] for record in outs["limits"]} == {"vcpus", "pids_limit", "disk_gb"}
+        assert len(outs["endpoint_token"]) >= 32  # marked secret by the resource (SECRET_OUTPUTS)
         json.dumps(outs)  # everything in the state is plain JSON
-        wait_for_status(outs["endpoint"])
-        assert run(outs["endpoint"], "xdpyinfo | grep dimensions")["stdout"].split()[1] == "1024x768"
+        endpoint = Endpoint(outs["endpoint"], outs["endpoint_token"])
+        wait_for_status(endpoint)
+        assert run(endpoint, "xdpyinfo | grep dimensions")["stdout"].split()[1] == "1024x768"
         assert provider.read(result.id, outs).id == result.id
     finally:
         provider.delete(result.id, result.outs or {})
@@ -194,7 +199,7 @@ def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_imag
         # The creating process has exited; the sandbox lives on, detached from it.
         state = local_runtime.load_state(sandbox_id)
         assert state is not None and local_runtime.is_alive(state)
-        wait_for_status(reply["outs"]["endpoint"])
+        wait_for_status(Endpoint(reply["outs"]["endpoint"], reply["outs"]["endpoint_token"]))
         delete_code = textwrap.dedent(
             """
             import base64, json, sys, dill

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra import local_runtime
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.registry import read_claims
 from ale_iac.runner.runner import RunSummary, run_experiment
+from ale_iac.substrates.local import runtime as local_runtime
 
 # One xdist group: these tests count stacks, sandboxes and agent processes host-wide.
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra import local_runtime
+from ale_iac.substrates.local import runtime as local_runtime
 from tests.runner.test_evaluate import _preset, _task
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]

@@ -1,9 +1,9 @@
-"""``computer_server_endpoint``: the base URL of a real computer-server, for the client and bridge tests.
+"""``computer_server_endpoint``: a real computer-server (URL and token), for the client and bridge tests.
 
 It is the session's ``local`` sandbox (``local_sandbox`` from ``tests/sandbox_fixtures.py``). Set
-``ALE_IAC_TEST_ENDPOINT`` to run the same tests against a computer-server you already have (another
-substrate's sandbox, a static endpoint); it must be a disposable desktop: the tests open windows, type,
-and write under /tmp.
+``ALE_IAC_TEST_ENDPOINT`` (and ``ALE_IAC_ENDPOINT_TOKEN`` if it needs one) to run the same tests
+against a computer-server you already have (another substrate's sandbox, a static endpoint); it must
+be a disposable desktop: the tests open windows, type, and write under /tmp.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ import os
 
 import pytest
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV
+from tests.sandbox_fixtures import Endpoint
+
 
 @pytest.fixture(scope="session")
-def computer_server_endpoint(request: pytest.FixtureRequest) -> str:
+def computer_server_endpoint(request: pytest.FixtureRequest) -> Endpoint:
     explicit = os.environ.get("ALE_IAC_TEST_ENDPOINT")
     if explicit:
-        return explicit.rstrip("/")
-    return str(request.getfixturevalue("local_sandbox").endpoint)
+        return Endpoint(explicit.rstrip("/"), os.environ.get(ENDPOINT_TOKEN_ENV) or None)
+    return Endpoint.of(request.getfixturevalue("local_sandbox"))

@@ -24,6 +24,7 @@ from ale_iac.sandbox.client import (
 )
 from ale_iac.sandbox.keys import UnknownKeyError, normalize_key, normalize_keys
 from tests.sandbox import desktop
+from tests.sandbox_fixtures import Endpoint
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
@@ -34,8 +35,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-async def client(computer_server_endpoint: str) -> AsyncIterator[ComputerServerClient]:
-    async with ComputerServerClient(computer_server_endpoint) as c:
+async def client(computer_server_endpoint: Endpoint) -> AsyncIterator[ComputerServerClient]:
+    async with computer_server_endpoint.client() as c:
         yield c
 
 

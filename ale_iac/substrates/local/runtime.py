@@ -1,43 +1,54 @@
 """Local sandboxes: an image's rootfs run in Linux namespaces on this host (no VM, no daemon).
 
-Pure Python and standard library only (no Pulumi): the Pulumi dynamic provider in
-``ale_iac.infra.local`` calls it, and so do ``ale-iac gc``, the tests and the benchmarks.
+Standard library only (no Pulumi): the Pulumi dynamic provider in ``ale_iac.infra.local`` calls
+it, and so do ``ale-iac gc``, the image cache, the tests and the benchmarks.
 
 Shape of one sandbox (``start`` returns once all of this runs; it does not wait for the
 computer-server, which is the runtime side's readiness check)::
 
-    supervisor (python -m ale_iac.infra.local_supervisor, its own session, detached)
-    ├── unshare --mount --propagation private -- sh -c 'mount -t overlay ...; exec bwrap ...'
-    │   └── bwrap --bind <merged> / --unshare-{pid,net,ipc,uts,cgroup} --as-pid-1 ...
-    │       └── ale-init (PID 1 of the sandbox) -> Xvfb, openbox, computer-server :8000
-    └── slirp4netns --disable-host-loopback --api-socket ... <sandbox pid> tap0
-            add_hostfwd 127.0.0.1:<host port> -> 10.0.2.100:8000
+    supervisor (python -m ale_iac.substrates.local.supervisor, its own session, detached)
+    |   private mount namespace: disk.img (ext4, loop) + id-mapped image + overlay
+    |   thread "endpoint": 127.0.0.1:<host port> -> (token checked) -> sandbox netns 127.0.0.1:8000
+    +-- bwrap (as root of the sandbox's user namespace) --unshare-{pid,net,ipc,uts,cgroup} --seccomp
+    |   +-- setpriv (bounding set cut) -> ale-init (PID 1) -> Xvfb, openbox, computer-server :8000
+    +-- slirp4netns ... tap0   (only when the spec allows outbound network)
 
-* The image rootfs is the read-only lower layer of an overlayfs whose upper layer lives in the
-  sandbox's state dir. The overlay is mounted inside a private mount namespace that only the
-  sandbox's processes hold, so the mount cannot outlive them (bubblewrap 0.8 has no --overlay).
-* No outbound network by default: tap0 gets 10.0.2.100/24 and no default route, slirp's DNS is
-  disabled, and the sandbox has no CAP_NET_ADMIN/CAP_NET_RAW to add a route or forge frames.
-  ``--disable-host-loopback`` keeps even an outbound-enabled sandbox off the host's 127.0.0.1.
-* The server is reachable from the host's 127.0.0.1 only, through slirp's port forward.
+Isolation (each point is checked from inside by ``tests/substrates/test_isolation.py``):
+
+* A user namespace per sandbox: uid/gid 0..65535 inside are an unprivileged host range that
+  belongs to no host user (``uid_base_of``), also when ale-iac runs as root. Host-wide kernel
+  settings (``/proc/sys``) are read-only inside, by the kernel's own rules and by a read-only bind.
+* A seccomp filter (``ale_iac.substrates.seccomp``), a cut capability and bounding set,
+  ``no_new_privs``.
+* The writable layer and the logs are an ext4 file system of ``disk_gb`` GiB in ``disk.img``,
+  mounted ``nosuid,nodev`` only inside the sandbox's mount namespaces: no host process sees the
+  files the sandbox writes, and their size is bounded. State dirs are 0700.
+* No outbound network unless the spec allows it: then the network namespace has only ``lo``, and
+  nothing on the host opens connections on the sandbox's behalf.
+* The endpoint requires the sandbox's token (``auth_token``), so another user of the host cannot
+  drive it; it is served on the host's 127.0.0.1 only.
+* cgroup limits on memory, tasks (``pids_limit``) and CPU time (a quota from ``vcpus``).
 * Every process hangs off the supervisor: the sandbox and slirp4netns get SIGKILL when it dies
   (PR_SET_PDEATHSIG, bwrap --die-with-parent, slirp --exit-fd), and the sandbox is PID 1 of its
   own PID namespace, so killing it kills everything inside.
 
 State lives in ``${ALE_IAC_HOME:-~/.ale-iac}/sandboxes/<id>/`` (``spec.json``, ``state.json``,
-``logs/``, the writable layer), so a garbage collector can find sandboxes a crashed run left.
+``auth-token``, ``disk.img``, ``logs/``), so a garbage collector can find sandboxes a crashed run left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -48,20 +59,36 @@ from pathlib import Path
 from typing import Any
 
 from ale_iac.errors import AleIacError
+from ale_iac.hostcheck import Check
+from ale_iac.substrates.local import cgroups
+from ale_iac.substrates.local.cgroups import LimitRecord
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 DEFAULT_INIT = "/usr/local/sbin/ale-init"
 DEFAULT_SERVER_PORT = 8000
-GUEST_ADDR = "10.0.2.100"
-GUEST_CIDR = 24
-SLIRP_DNS = "10.0.2.3"
+DEFAULT_DISK_GB = 16
+DEFAULT_PIDS_LIMIT = 4096
 TAP = "tap0"
 MTU = 65520
 
+UID_RANGE_START = 2**30
+"""Sandbox uid/gid ranges start here: far above any ordinary or subordinate (``/etc/subuid``) id."""
+UID_COUNT = 65536
+"""Ids 0..65535 inside a sandbox map to ``uid_base .. uid_base + 65535`` on the host."""
+UID_SLOTS = 4096
+
 SPEC_FILE = "spec.json"
 STATE_FILE = "state.json"
+TOKEN_FILE = "auth-token"
+SECCOMP_FILE = "seccomp.bpf"
+DISK_FILE = "disk.img"
 LOGS_DIR = "logs"
 SUPERVISOR_LOG = "supervisor.log"
+SANDBOX_LOG_NAMES = ("init.log", "xvfb.log", "openbox.log", "server.log")
+"""Logs the sandbox writes (in its own file system); their tails are kept in ``logs/`` when it stops."""
+MOUNT_ROOT = "/run/ale-iac"
+"""Where the supervisor assembles the sandbox's root, in its private mount namespace only."""
+LOG_READ_BYTES = 64 * 1024
 
 
 class SandboxError(AleIacError):
@@ -81,7 +108,12 @@ class LocalSandboxSpec:
     screen_height: int = 800
     allow_outbound: bool = False
     vcpus: int | None = None
+    """CPU time as a number of CPUs (a cgroup CPU quota)."""
     memory_gb: float | None = None
+    disk_gb: int = DEFAULT_DISK_GB
+    """Size of the sandbox's writable layer and logs (a sparse file: only what is written uses disk)."""
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    """Most tasks (processes and threads) alive in the sandbox at once."""
     labels: dict[str, str] = field(default_factory=dict)
     server_port: int = DEFAULT_SERVER_PORT
     """Port of the computer-server inside the sandbox's own network namespace."""
@@ -94,16 +126,6 @@ class LocalSandboxSpec:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LocalSandboxSpec:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class LimitRecord:
-    """One resource hint and what became of it on this host."""
-
-    name: str
-    requested: str
-    applied: bool
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -129,8 +151,10 @@ class LocalSandboxState:
     """Host pid of the sandbox's init (PID 1 inside)."""
     pid_namespace: str | None = None
     """``pid:[inode]`` of the sandbox's PID namespace: identifies every process inside it."""
-    cgroup: str | None = None
-    """Memory cgroup created for the sandbox (removed by ``stop``)."""
+    cgroups: list[str] = field(default_factory=list)
+    """The sandbox's cgroups, one per controller (removed by ``stop``)."""
+    uid_base: int = 0
+    """Host uid (and gid) of root inside the sandbox."""
     exit_code: int | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -169,43 +193,75 @@ def check_sandbox_id(sandbox_id: str) -> None:
         )
 
 
+def uid_base_of(sandbox_id: str) -> int:
+    """The host uid of root in this sandbox: one of ``UID_SLOTS`` ranges, chosen by the id.
+
+    Distinct sandboxes mostly get distinct ranges, so their processes and files are different
+    users on the host too; two that share a slot are still apart by every namespace.
+    """
+    slot = int.from_bytes(hashlib.sha256(sandbox_id.encode()).digest()[:4], "big") % UID_SLOTS
+    return UID_RANGE_START + slot * UID_COUNT
+
+
 # --- host checks -------------------------------------------------------------------------------
 
 _TOOLS = (
     ("bwrap", "bubblewrap"),
     ("slirp4netns", "slirp4netns"),
-    ("unshare", "util-linux"),
     ("setsid", "util-linux"),
-    ("nsenter", "util-linux"),
-    ("ip", "iproute2"),
+    ("mount", "mount"),
+    ("mkfs.ext4", "e2fsprogs"),
 )
+MIN_KERNEL = (5, 19)
+"""Id-mapped mounts as overlayfs layers."""
 
 
-@functools.cache
-def check_host() -> None:
-    """Raise a SandboxError saying what is missing for local sandboxes on this host."""
-    if not sys.platform.startswith("linux"):
-        raise SandboxError("local sandboxes need Linux (namespaces, overlayfs, bubblewrap)")
-    if os.geteuid() != 0:
-        raise SandboxError(
-            "local sandboxes need root: the writable layer is an overlay mount and slirp4netns joins "
-            "the sandbox's network namespace; run as root"
-        )
-    missing = [(tool, package) for tool, package in _TOOLS if shutil.which(tool) is None]
-    if missing:
-        names = ", ".join(tool for tool, _ in missing)
-        packages = " ".join(sorted({package for _, package in missing}))
-        raise SandboxError(
-            f"{names} not installed; run: apt-get install -y {packages} (see scripts/apt-packages.txt)"
-        )
+def host_checks() -> list[Check]:
+    """Everything a local sandbox needs of this host: what ``ale-iac doctor`` prints and ``start`` enforces."""
+    checks = [
+        Check("linux", sys.platform.startswith("linux"), sys.platform, "local sandboxes need Linux"),
+        Check(
+            "root",
+            os.geteuid() == 0,
+            f"uid {os.geteuid()}",
+            "run as root: each sandbox's file system is a loop-mounted ext4 under an id-mapped image, "
+            "and its user namespace maps to a host uid range no user owns",
+        ),
+    ]
+    for tool, package in _TOOLS:
+        path = shutil.which(tool)
+        checks.append(Check(tool, path is not None, path or "not installed", f"apt-get install -y {package}"))
     try:
         filesystems = Path("/proc/filesystems").read_text()
     except OSError:
         filesystems = ""
-    if not re.search(r"\boverlay$", filesystems, re.MULTILINE):
-        raise SandboxError(
-            "the kernel has no overlayfs ('overlay' is not in /proc/filesystems); run: modprobe overlay"
+    for fs in ("overlay", "ext4"):
+        present = re.search(rf"\b{fs}$", filesystems, re.MULTILINE) is not None
+        checks.append(
+            Check(f"{fs} file system", present, "in /proc/filesystems" if present else "missing", f"modprobe {fs}")
         )
+    loop = Path("/dev/loop-control").exists()
+    checks.append(Check("loop devices", loop, "/dev/loop-control" if loop else "missing", "modprobe loop"))
+    release = os.uname().release
+    version = tuple(int(part) for part in re.findall(r"\d+", release)[:2])
+    checks.append(
+        Check(
+            "kernel",
+            version >= MIN_KERNEL,
+            release,
+            f"Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]} or newer (id-mapped mounts under overlayfs)",
+        )
+    )
+    return checks
+
+
+@functools.cache
+def check_host() -> None:
+    """Raise a SandboxError naming every missing requirement of local sandboxes on this host."""
+    failed = [check for check in host_checks() if not check.ok]
+    if failed:
+        needs = "; ".join(f"{check.name}: {check.detail} ({check.fix})" for check in failed)
+        raise SandboxError(f"local sandboxes cannot run on this host: {needs}")
 
 
 # --- /proc helpers -----------------------------------------------------------------------------
@@ -312,8 +368,11 @@ def wait_pid_gone(pid: int, start_time: int | None, timeout: float) -> bool:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all, readable by its owner only."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 
 
@@ -340,8 +399,15 @@ def _state_from_dir(folder: Path) -> LocalSandboxState:
     except (OSError, ValueError, TypeError):
         pass
     return LocalSandboxState(
-        sandbox_id=folder.name, supervisor_pid=0, supervisor_start_time=0, host_port=0, endpoint="",
-        state_dir=str(folder), rootfs=rootfs, labels=labels, phase="unknown",
+        sandbox_id=folder.name,
+        supervisor_pid=0,
+        supervisor_start_time=0,
+        host_port=0,
+        endpoint="",
+        state_dir=str(folder),
+        rootfs=rootfs,
+        labels=labels,
+        phase="unknown",
     )
 
 
@@ -371,33 +437,96 @@ def sandbox_pids(state: LocalSandboxState) -> list[int]:
     return descendants(state.supervisor_pid)
 
 
-# --- start -------------------------------------------------------------------------------------
+# --- logs and the token ----------------------------------------------------------------------
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def read_tail(directory: int | str | Path, name: str, max_bytes: int = LOG_READ_BYTES) -> bytes | None:
+    """The last ``max_bytes`` of a file the sandbox wrote, or None if it is not a regular file.
+
+    Never follows a symlink (the sandbox may plant one) and never blocks on a FIFO: the file is
+    opened ``O_NOFOLLOW | O_NONBLOCK`` relative to ``directory`` (a path or an open directory fd)
+    and checked with ``fstat`` before anything is read.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        text = path.read_text(errors="replace")
+        if isinstance(directory, int):
+            fd = os.open(name, flags, dir_fd=directory)
+        else:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                fd = os.open(name, flags, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
     except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        offset = max(0, info.st_size - max_bytes)
+        return os.pread(fd, max_bytes, offset)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
-def _log_tails(folder: Path) -> str:
+def copy_tail(directory: int, name: str, target: Path, max_bytes: int) -> None:
+    """Keep the tail of a sandbox-written log in a host file (``read_tail`` rules; no-op if absent)."""
+    data = read_tail(directory, name, max_bytes)
+    if data is None:
+        return
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def live_logs_dir(state: LocalSandboxState) -> str:
+    """Where a running sandbox's logs are, seen through its supervisor's mount namespace."""
+    return f"/proc/{state.supervisor_pid}/root{MOUNT_ROOT}/layer/logs"
+
+
+def log_text(state: LocalSandboxState, name: str, max_bytes: int = LOG_READ_BYTES) -> str:
+    """The tail of one of the sandbox's logs: live while it runs, the kept tail after it stopped."""
+    data = read_tail(live_logs_dir(state), name, max_bytes) if is_alive(state) else None
+    if data is None:
+        data = read_tail(Path(state.state_dir) / LOGS_DIR, name, max_bytes)
+    return (data or b"").decode(errors="replace")
+
+
+def log_tails(state: LocalSandboxState, lines: int = 15) -> str:
+    """The last lines of every log of a sandbox, for an error message."""
     parts = []
-    for name in (SUPERVISOR_LOG, "init.log", "slirp4netns.log", "xvfb.log", "server.log"):
-        text = _tail(folder / LOGS_DIR / name)
-        if text:
-            parts.append(f"--- {name} ---\n{text}")
+    for name in (SUPERVISOR_LOG, *SANDBOX_LOG_NAMES, "slirp4netns.log"):
+        text = log_text(state, name)
+        if text.strip():
+            parts.append(f"--- {name} ---\n" + "\n".join(text.splitlines()[-lines:]))
     return "\n".join(parts)
 
 
+def auth_token(state: LocalSandboxState) -> str:
+    """The bearer token the sandbox's endpoint requires (readable by its owner only)."""
+    return (Path(state.state_dir) / TOKEN_FILE).read_text().strip()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+# --- start -------------------------------------------------------------------------------------
+
+
 def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 30.0) -> LocalSandboxState:
-    """Start a sandbox and return once its processes run and the port forward exists.
+    """Start a sandbox and return once its processes run and its endpoint listens.
 
     The supervisor is started through ``setsid -f`` so it is not our child: the caller (a
     short-lived Pulumi provider process) can exit without taking it along or leaving a zombie.
     On any failure everything started so far is stopped and the state dir removed.
     """
+    from ale_iac.substrates.seccomp import compile_bpf
+
     check_host()
     check_sandbox_id(spec.sandbox_id)
     rootfs = Path(spec.rootfs)
@@ -406,22 +535,34 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     if not (rootfs / spec.init.lstrip("/")).is_file():
         raise SandboxError(f"rootfs {rootfs} has no init {spec.init}; is it an ale-iac image?")
     folder = state_dir_of(spec.sandbox_id, home)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        folder.mkdir()
+        folder.mkdir(mode=0o700)
     except FileExistsError:
         raise SandboxError(f"sandbox {spec.sandbox_id} already exists ({folder})") from None
-    (folder / LOGS_DIR).mkdir()
-    write_json_atomic(folder / SPEC_FILE, spec.to_json())
+    try:
+        os.chmod(folder, 0o700)  # whatever the umask
+        (folder / LOGS_DIR).mkdir(mode=0o700)
+        write_json_atomic(folder / SPEC_FILE, spec.to_json())
+        _write_private(folder / TOKEN_FILE, secrets.token_urlsafe(32).encode())
+        _write_private(folder / SECCOMP_FILE, compile_bpf())
+    except BaseException:
+        _remove_tree(folder)
+        raise
 
     read_fd, write_fd = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "CONTAINER_NAME"}
     try:
-        with open(folder / LOGS_DIR / SUPERVISOR_LOG, "ab") as logf:
+        log_fd = os.open(folder / LOGS_DIR / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(log_fd, "ab") as logf:
             launcher = subprocess.Popen(
                 ["setsid", "-f", *supervisor_command(folder, write_fd)],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,), cwd=folder, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                cwd=folder,
+                env=env,
             )
         os.close(write_fd)
         write_fd = -1
@@ -436,7 +577,7 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     os.close(read_fd)
     if not message.get("ok"):
         error = message.get("error", "the supervisor exited before the sandbox was ready")
-        tails = _log_tails(folder)
+        tails = log_tails(_state_from_dir(folder))
         stop(spec.sandbox_id, home=home)
         raise SandboxError(f"sandbox {spec.sandbox_id} failed to start: {error}\n{tails}".rstrip())
     return LocalSandboxState.from_json(message["state"])
@@ -445,7 +586,7 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
 def supervisor_command(folder: Path, ready_fd: int) -> list[str]:
     """The supervisor's command line. ``ale_iac.infra`` imports nothing heavy at package level, so
     the long-lived supervisor stays small (the standard library and its own module)."""
-    return [sys.executable, "-m", "ale_iac.infra.local_supervisor", str(folder), "--ready-fd", str(ready_fd)]
+    return [sys.executable, "-m", "ale_iac.substrates.local.supervisor", str(folder), "--ready-fd", str(ready_fd)]
 
 
 def _read_ready(fd: int, timeout: float) -> dict[str, Any]:
@@ -484,8 +625,8 @@ def _argv(pid: int) -> list[str]:
 
 
 # Executables the supervisor starts with the state dir in their arguments or as their cwd.
-_OWN_EXECUTABLES = frozenset({"unshare", "sh", "bwrap", "slirp4netns"})
-SUPERVISOR_MODULE = "ale_iac.infra.local_supervisor"
+_OWN_EXECUTABLES = frozenset({"bwrap", "slirp4netns"})
+SUPERVISOR_MODULE = "ale_iac.substrates.local.supervisor"
 
 
 def _owned_processes(folder: Path, pidns: str | None) -> list[tuple[int, int]]:
@@ -541,42 +682,6 @@ def _kill(pid: int, start_time: int | None, sig: int) -> None:
         os.kill(pid, sig)
 
 
-CGROUP_EMPTY_TIMEOUT_S = 10.0
-
-
-def _remove_cgroup(path: str | None, sandbox_id: str, search: bool) -> None:
-    """Remove the sandbox's memory cgroup once its last process is gone.
-
-    After a supervisor crash its children are reaped by the host's init, and cgroup v1 keeps a
-    zombie in the cgroup until then (rmdir fails with EBUSY); v1 offers no event to wait on, so
-    this re-checks ``cgroup.procs`` until the deadline.
-    """
-    candidates = [Path(path)] if path else []
-    if not candidates and search:
-        memory_root = Path("/sys/fs/cgroup/memory")
-        if memory_root.is_dir():
-            candidates = list(memory_root.rglob(f"ale-iac-{sandbox_id}"))
-    deadline = time.monotonic() + CGROUP_EMPTY_TIMEOUT_S
-    for cgroup in candidates:
-        while cgroup.is_dir():
-            try:
-                cgroup.rmdir()
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    members = (cgroup / "cgroup.procs").read_text().split()
-                    raise SandboxError(
-                        f"sandbox {sandbox_id}: cannot remove {cgroup} ({exc}); processes still in it: {members}"
-                    ) from None
-                time.sleep(0.05)
-
-
-def _asked_for_memory(folder: Path) -> bool:
-    try:
-        return LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text())).memory_gb is not None
-    except (OSError, ValueError, TypeError):
-        return True
-
-
 def _mounts_under(folder: Path) -> list[str]:
     """Mount points at or below ``folder`` in our mount namespace, deepest first."""
     prefix = str(folder)
@@ -619,9 +724,13 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
         left = _owned_processes(folder, state.pid_namespace)
         if left:
             raise SandboxError(f"sandbox {sandbox_id}: processes {[p for p, _ in left]} do not die")
-    # No cgroup in the state but a memory hint in the spec: the supervisor may have died between
-    # making the cgroup and recording it, so look for it by name.
-    _remove_cgroup(state.cgroup, sandbox_id, search=state.cgroup is None and _asked_for_memory(folder))
+    # No cgroups in the state: the supervisor may have died between making them and recording
+    # them, so look for them by name.
+    paths = [Path(p) for p in state.cgroups] or cgroups.find(sandbox_id)
+    try:
+        cgroups.remove(paths, sandbox_id)
+    except cgroups.CgroupError as exc:
+        raise SandboxError(str(exc)) from None
     # The overlay was mounted in a private mount namespace that died with the sandbox; a mount
     # visible here would mean someone mounted into the state dir by hand. Never delete through it.
     for point in _mounts_under(folder):

@@ -1,24 +1,28 @@
-"""The ``local`` sandbox runtime, with real processes: bubblewrap, slirp4netns, the computer-server."""
+"""The ``local`` sandbox runtime, with real processes: bubblewrap, the computer-server, slirp4netns.
+
+What a hostile agent must not be able to do from inside is in ``tests/substrates/test_isolation.py``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import select
 import shutil
 import signal
 import socket
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ale_iac.images import ImageInfo
-from ale_iac.infra import local_runtime
-from ale_iac.infra.local_runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
-from tests.sandbox_fixtures import SandboxFactory, cmd, run, sandbox_home, wait_for_status
-
-OUTBOUND_HOST = "deb.debian.org"
-
+from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
+from tests.sandbox_fixtures import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -33,7 +37,7 @@ def host_listener() -> Iterator[socket.socket]:
         yield server
 
 
-def connect_from_sandbox(endpoint: str, host: str, port: int) -> dict[str, object]:
+def connect_from_sandbox(endpoint: Target, host: str, port: int) -> dict[str, object]:
     """Try a TCP connect from inside the sandbox; returns the run_command reply."""
     script = (
         "import socket,sys\n"
@@ -55,19 +59,54 @@ def accepted_anything(server: socket.socket) -> bool:
     return True
 
 
-def host_ipv4(name: str) -> str | None:
-    try:
-        return socket.gethostbyname(name)
-    except OSError:
-        return None
+@contextlib.contextmanager
+def netns_listener() -> Iterator[tuple[str, int, Callable[[], bool]]]:
+    """A TCP listener in a network namespace of the test's own, behind a veth pair on a 198.18.0.0/15
+    (benchmarking) /30: the only place an outbound-enabled sandbox is sent in these tests.
 
-
-def host_can_reach(address: str, port: int) -> bool:
+    Yields (address, port, accepted): ``accepted()`` waits up to 10 s for the listener's first connection.
+    """
+    tag = secrets.token_hex(3)
+    name, host_if, ns_if = f"ale-t-{tag}", f"vh{tag}", f"vn{tag}"
+    subnet = f"198.18.{secrets.randbelow(256)}"
+    port = 18000 + secrets.randbelow(1000)
+    setup = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+        ["ip", "link", "set", ns_if, "netns", name],
+        ["ip", "addr", "add", f"{subnet}.1/30", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{subnet}.2/30", "dev", ns_if],
+        ["ip", "netns", "exec", name, "ip", "link", "set", ns_if, "up"],
+    ]
+    listener: subprocess.Popen[str] | None = None
     try:
-        socket.create_connection((address, port), timeout=5).close()
-    except OSError:
-        return False
-    return True
+        for argv in setup:
+            subprocess.run(argv, check=True, capture_output=True)
+        script = (
+            "import socket\n"
+            f"s = socket.create_server(({subnet + '.2'!r}, {port}))\n"
+            "print('listening', flush=True)\n"
+            "s.accept()\n"
+            "print('accepted', flush=True)\n"
+        )
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+        )
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+
+        def accepted() -> bool:
+            assert listener is not None and listener.stdout is not None
+            ready, _, _ = select.select([listener.stdout], [], [], 10)
+            return bool(ready) and listener.stdout.readline().strip() == "accepted"
+
+        yield f"{subnet}.2", port, accepted
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
 def listening_addresses(port: int) -> list[str]:
@@ -118,8 +157,8 @@ def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
     assert not mounts_mentioning(state.state_dir)
     assert not Path(state.state_dir).exists()
     assert not listening_addresses(state.host_port), f"port {state.host_port} still forwarded"
-    if state.cgroup:
-        assert not Path(state.cgroup).exists()
+    for cgroup in state.cgroups:
+        assert not Path(cgroup).exists(), cgroup
     assert local_runtime.load_state(state.sandbox_id, home=sandbox_home(state)) is None
 
 
@@ -144,17 +183,24 @@ def test_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "slirp4netns" else real_which(tool))
     local_runtime.check_host.cache_clear()
     try:
-        with pytest.raises(SandboxError, match=r"slirp4netns not installed; run: apt-get install -y slirp4netns"):
+        with pytest.raises(SandboxError, match=r"slirp4netns: not installed \(apt-get install -y slirp4netns\)"):
             local_runtime.check_host()
     finally:
         local_runtime.check_host.cache_clear()
+
+
+def test_doctor_reports_what_the_runtime_enforces() -> None:
+    from ale_iac import hostcheck
+
+    assert hostcheck.local_substrate_checks() == local_runtime.host_checks()
+    assert all(check.ok for check in local_runtime.host_checks()), local_runtime.host_checks()
 
 
 def test_non_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     local_runtime.check_host.cache_clear()
     try:
-        with pytest.raises(SandboxError, match="local sandboxes need root"):
+        with pytest.raises(SandboxError, match=r"root: uid 1000 \(run as root"):
             local_runtime.check_host()
     finally:
         local_runtime.check_host.cache_clear()
@@ -162,7 +208,7 @@ def test_non_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_setup_failure_is_reported_and_cleaned_up(tmp_path: Path) -> None:
     """The supervisor's error reaches start(), with its log, and nothing is left behind."""
-    rootfs = tmp_path / "odd:name"  # ':' cannot appear in overlay mount options
+    rootfs = tmp_path / "not-an-image"  # an init, but none of the image's conventions
     (rootfs / "usr/local/sbin").mkdir(parents=True)
     (rootfs / "usr/local/sbin/ale-init").write_text("#!/bin/sh\n")
     spec = LocalSandboxSpec(sandbox_id="setup-fails", rootfs=str(rootfs))
@@ -170,10 +216,11 @@ def test_a_setup_failure_is_reported_and_cleaned_up(tmp_path: Path) -> None:
         local_runtime.start(spec)
     message = str(info.value)
     assert "sandbox setup-fails failed to start" in message
-    assert "cannot be used in overlay mount options" in message
+    assert "the image has no /var/log/ale; is it an ale-iac image?" in message
     assert "--- supervisor.log ---" in message
     assert local_runtime.list_sandboxes() == []
     assert not processes_mentioning("setup-fails")
+    assert not mounts_mentioning(str(rootfs))
 
 
 def test_stop_of_unknown_sandbox_is_a_no_op() -> None:
@@ -187,20 +234,20 @@ def test_stop_of_unknown_sandbox_is_a_no_op() -> None:
 def test_status_and_run_command(local_sandbox: LocalSandboxState) -> None:
     import httpx
 
-    status = httpx.get(f"{local_sandbox.endpoint}/status", timeout=10)
+    status = httpx.get(f"{local_sandbox.endpoint}/status", timeout=10, headers=Endpoint.of(local_sandbox).headers)
     assert status.status_code == 200
     assert status.json()["status"] == "ok"
-    reply = run(local_sandbox.endpoint, "echo hello; id -u; hostname")
+    reply = run(local_sandbox, "echo hello; id -u; hostname")
     assert reply["success"] is True
     assert reply["return_code"] == 0
     assert reply["stdout"] == f"hello\n0\n{local_sandbox.sandbox_id}\n"
-    assert cmd(local_sandbox.endpoint, "version")["package"] == "0.3.46"
+    assert cmd(local_sandbox, "version")["package"] == "0.3.46"
 
 
 @pytest.mark.sandbox
 def test_path_conventions_exist(local_sandbox: LocalSandboxState) -> None:
     reply = run(
-        local_sandbox.endpoint,
+        local_sandbox,
         "test -d /root/.ale && test -d /data/tasks && test -x /usr/bin/python3 && pwd && echo $HOME",
     )
     assert reply["return_code"] == 0, reply
@@ -209,16 +256,16 @@ def test_path_conventions_exist(local_sandbox: LocalSandboxState) -> None:
 
 @pytest.mark.sandbox
 def test_server_environment_is_clean(local_sandbox: LocalSandboxState) -> None:
-    reply = run(local_sandbox.endpoint, "env")
+    reply = run(local_sandbox, "env")
     assert "CONTAINER_NAME" not in reply["stdout"]
     assert "CUA_TELEMETRY=0" in reply["stdout"]
 
 
 @pytest.mark.sandbox
 def test_a_background_program_does_not_hold_run_command(local_sandbox: LocalSandboxState) -> None:
-    reply = cmd(local_sandbox.endpoint, "run_command", {"command": "sleep 60 >/dev/null 2>&1 & echo $!", "timeout": 10})
+    reply = cmd(local_sandbox, "run_command", {"command": "sleep 60 >/dev/null 2>&1 & echo $!", "timeout": 10})
     assert reply["success"] is True and reply["return_code"] == 0, reply
-    assert run(local_sandbox.endpoint, f"kill {int(reply['stdout'])}")["return_code"] == 0
+    assert run(local_sandbox, f"kill {int(reply['stdout'])}")["return_code"] == 0
 
 
 @pytest.mark.sandbox
@@ -238,21 +285,23 @@ def test_state_is_listed_and_alive(local_sandbox: LocalSandboxState) -> None:
 
 @pytest.mark.sandbox
 def test_rootfs_stays_unmodified(local_sandbox: LocalSandboxState, desktop_image: ImageInfo) -> None:
-    reply = run(local_sandbox.endpoint, "echo changed > /etc/x && rm /etc/hostname && cat /etc/x")
+    reply = run(local_sandbox, "echo changed > /etc/x && rm /etc/hostname && cat /etc/x")
     assert reply["return_code"] == 0, reply
     assert reply["stdout"] == "changed\n"
     assert not (desktop_image.rootfs / "etc" / "x").exists()
     assert (desktop_image.rootfs / "etc" / "hostname").exists()
-    upper = Path(local_sandbox.state_dir) / "layer" / "upper" / "etc"
+    # The change lives in the sandbox's own file system, seen only through its mount namespace.
+    upper = Path(f"/proc/{local_sandbox.supervisor_pid}/root{local_runtime.MOUNT_ROOT}/layer/upper/etc")
     assert (upper / "x").read_text() == "changed\n"
+    assert not list(Path(local_sandbox.state_dir).rglob("x"))
 
 
 @pytest.mark.sandbox
 def test_sandbox_cannot_reach_host_loopback(local_sandbox: LocalSandboxState) -> None:
     with host_listener() as server:
         port = server.getsockname()[1]
-        via_gateway = connect_from_sandbox(local_sandbox.endpoint, "10.0.2.2", port)
-        own_loopback = connect_from_sandbox(local_sandbox.endpoint, "127.0.0.1", port)
+        via_gateway = connect_from_sandbox(local_sandbox, "10.0.2.2", port)
+        own_loopback = connect_from_sandbox(local_sandbox, "127.0.0.1", port)
         assert not accepted_anything(server)
     assert via_gateway["return_code"] == 3, via_gateway
     assert own_loopback["return_code"] == 3, own_loopback
@@ -260,18 +309,19 @@ def test_sandbox_cannot_reach_host_loopback(local_sandbox: LocalSandboxState) ->
 
 @pytest.mark.sandbox
 def test_no_outbound_network_by_default(local_sandbox: LocalSandboxState) -> None:
-    routes = run(local_sandbox.endpoint, "ip route")["stdout"]
-    assert not [line for line in routes.splitlines() if line.startswith("default")], routes
-    assert "10.0.2.0/24 dev tap0" in routes
-    assert "10.0.2.100/24" in run(local_sandbox.endpoint, "ip -4 addr show tap0")["stdout"]
-    address = host_ipv4(OUTBOUND_HOST) or "192.0.2.1"
-    reply = connect_from_sandbox(local_sandbox.endpoint, address, 80)
+    links = run(local_sandbox, "ip -o link")["stdout"].splitlines()
+    assert [line.split(":")[1].strip() for line in links] == ["lo"], links
+    assert run(local_sandbox, "ip route")["stdout"].strip() == ""
+    # Nothing answers for the sandbox on the host: no slirp4netns, no other helper.
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in local_runtime.sandbox_pids(local_sandbox)}
+    assert "slirp4netns" not in names, names
+    reply = connect_from_sandbox(local_sandbox, "192.0.2.1", 80)  # TEST-NET-1: fails before any packet
     assert reply["return_code"] == 3, reply
     assert "unreachable" in str(reply["stdout"]).lower()
-    # Root inside cannot give itself a route: no CAP_NET_ADMIN.
-    add_route = run(local_sandbox.endpoint, "ip route add default via 10.0.2.2 dev tap0")
-    assert add_route["return_code"] != 0
-    assert "not permitted" in str(add_route["stderr"]).lower()
+    # Root inside cannot make itself a network device or a route: no CAP_NET_ADMIN.
+    add_link = run(local_sandbox, "ip link add dummy0 type dummy")
+    assert add_link["return_code"] != 0
+    assert "not permitted" in str(add_link["stderr"]).lower()
 
 
 @pytest.mark.sandbox
@@ -290,7 +340,7 @@ def test_endpoint_listens_on_host_loopback_only(local_sandbox: LocalSandboxState
 @pytest.mark.sandbox
 def test_type_text_reaches_an_xterm(local_sandbox: LocalSandboxState) -> None:
     """The image's openbox + XTerm*allowSendEvents make pynput's XSendEvent typing work."""
-    endpoint = local_sandbox.endpoint
+    endpoint = local_sandbox
     xterm_args = ["-geometry", "80x24+100+100", "-title", "typing-test"]
     launched = cmd(endpoint, "launch", {"app": "xterm", "args": xterm_args})
     assert launched["success"], launched
@@ -315,12 +365,12 @@ def test_type_text_reaches_an_xterm(local_sandbox: LocalSandboxState) -> None:
 def test_two_sandboxes_are_isolated(local_sandbox: LocalSandboxState, sandbox_factory: SandboxFactory) -> None:
     other = sandbox_factory()
     marker = f"/root/marker-{other.sandbox_id}"
-    assert run(other.endpoint, f"echo mine > {marker}")["return_code"] == 0
-    assert run(local_sandbox.endpoint, f"test -e {marker}")["return_code"] != 0
-    assert run(other.endpoint, f"cat {marker}")["stdout"] == "mine\n"
+    assert run(other, f"echo mine > {marker}")["return_code"] == 0
+    assert run(local_sandbox, f"test -e {marker}")["return_code"] != 0
+    assert run(other, f"cat {marker}")["stdout"] == "mine\n"
     # Separate PID namespaces: each sees its own init as PID 1 and not the other's processes.
-    ps_other = run(other.endpoint, "ps -eo pid,args")["stdout"]
-    ps_local = run(local_sandbox.endpoint, "ps -eo pid,args")["stdout"]
+    ps_other = run(other, "ps -eo pid,args")["stdout"]
+    ps_local = run(local_sandbox, "ps -eo pid,args")["stdout"]
     assert "1 /usr/bin/python3 /usr/local/sbin/ale-init" in ps_other
     assert "marker" not in ps_local
     assert other.host_port != local_sandbox.host_port
@@ -328,41 +378,43 @@ def test_two_sandboxes_are_isolated(local_sandbox: LocalSandboxState, sandbox_fa
 
 @pytest.mark.sandbox
 def test_outbound_when_allowed_but_never_host_loopback(sandbox_factory: SandboxFactory) -> None:
-    address = host_ipv4(OUTBOUND_HOST)
-    if address is None or not host_can_reach(address, 80):
-        pytest.skip(f"this host cannot reach {OUTBOUND_HOST}:80 itself")
+    """Outbound goes through slirp4netns to wherever the host routes: here a namespace of the test's own."""
     sandbox = sandbox_factory(allow_outbound=True)
-    assert "default via 10.0.2.2" in run(sandbox.endpoint, "ip route")["stdout"]
-    reply = connect_from_sandbox(sandbox.endpoint, address, 80)
-    assert reply["return_code"] == 0, reply
-    resolved = run(sandbox.endpoint, f"getent hosts {OUTBOUND_HOST}")
-    assert resolved["return_code"] == 0, resolved
+    assert "default via 10.0.2.2" in run(sandbox, "ip route")["stdout"]
+    assert run(sandbox, "cat /etc/resolv.conf")["stdout"] == "nameserver 10.0.2.3\n"
+    with netns_listener() as (address, port, accepted):
+        reply = connect_from_sandbox(sandbox, address, port)
+        assert reply["return_code"] == 0, reply
+        assert accepted(), "the listener in the test's namespace saw no connection"
     with host_listener() as server:
-        blocked = connect_from_sandbox(sandbox.endpoint, "10.0.2.2", server.getsockname()[1])
+        blocked = connect_from_sandbox(sandbox, "10.0.2.2", server.getsockname()[1])
         assert not accepted_anything(server)
     assert blocked["return_code"] == 3, blocked
 
 
 @pytest.mark.sandbox
 def test_limits_are_applied_and_recorded(sandbox_factory: SandboxFactory) -> None:
-    sandbox = sandbox_factory(vcpus=1, memory_gb=1.5)
+    sandbox = sandbox_factory(vcpus=1, memory_gb=1.5, pids_limit=512, disk_gb=2)
     limits = {record.name: record for record in sandbox.limits}
-    cpus = os.cpu_count() or 1
-    if cpus > 1:
-        assert limits["vcpus"].applied, limits
-        allowed = run(sandbox.endpoint, "grep Cpus_allowed_list /proc/self/status")["stdout"]
-        assert allowed.split()[-1].isdigit(), allowed  # a single CPU
-    else:
-        assert not limits["vcpus"].applied
-    memory = limits["memory_gb"]
-    if memory.applied:
-        assert sandbox.cgroup is not None
-        cgroup = Path(sandbox.cgroup)
-        assert (cgroup / "memory.limit_in_bytes").read_text().strip() == str(int(1.5 * 2**30))
-        members = {int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()}
+    assert set(limits) == {"vcpus", "memory_gb", "pids_limit", "disk_gb"}, limits
+    expected = {
+        "memory_gb": ("memory.limit_in_bytes", str(int(1.5 * 2**30))),
+        "pids_limit": ("pids.max", "512"),
+        "vcpus": ("cpu.cfs_quota_us", "100000"),
+    }
+    cpus = len(os.sched_getaffinity(0))
+    for name, (key, value) in expected.items():
+        record = limits[name]
+        if name == "vcpus" and cpus <= 1:
+            assert not record.applied and "not restricted" in record.detail
+            continue
+        assert record.applied, record
+        folder = next(Path(p) for p in sandbox.cgroups if (Path(p) / key).exists())
+        assert (folder / key).read_text().strip() == value
+        members = {int(pid) for pid in (folder / "cgroup.procs").read_text().split()}
         assert sandbox.init_pid in members
-    else:
-        assert "cgroup" in memory.detail
+    size = run(sandbox, "df -B1 --output=size / | tail -1")["stdout"].strip()
+    assert 1.8 * 2**30 < int(size) <= 2 * 2**30, size
 
 
 @pytest.mark.sandbox
@@ -379,9 +431,9 @@ def test_stop_leaves_nothing_behind(desktop_image: ImageInfo) -> None:
     )
     state = local_runtime.start(spec)
     try:
-        wait_for_status(state.endpoint)
+        wait_for_status(state)
         pids = local_runtime.sandbox_pids(state)
-        assert len(pids) >= 7  # supervisor, bwrap, slirp4netns, init, Xvfb, openbox, server
+        assert len(pids) >= 6  # supervisor, bwrap, init, Xvfb, openbox, server
         assert processes_mentioning(state.sandbox_id)
     finally:
         assert local_runtime.stop(state.sandbox_id) is True
@@ -394,7 +446,7 @@ def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
     spec = LocalSandboxSpec(sandbox_id="stop-killed", rootfs=str(desktop_image.rootfs), memory_gb=1.0)
     state = local_runtime.start(spec)
     try:
-        wait_for_status(state.endpoint)
+        wait_for_status(state)
         pids = local_runtime.sandbox_pids(state)
         os.kill(state.supervisor_pid, signal.SIGKILL)
         assert local_runtime.wait_pid_gone(state.supervisor_pid, state.supervisor_start_time, 10)
@@ -413,7 +465,7 @@ def test_sandbox_dies_with_its_supervisor(desktop_image: ImageInfo) -> None:
     spec = LocalSandboxSpec(sandbox_id="die-along", rootfs=str(desktop_image.rootfs))
     state = local_runtime.start(spec)
     try:
-        wait_for_status(state.endpoint)
+        wait_for_status(state)
         assert state.init_pid is not None
         init_start = local_runtime.proc_start_time(state.init_pid)
         os.kill(state.supervisor_pid, signal.SIGKILL)
@@ -431,14 +483,9 @@ def test_duplicate_id_is_refused(local_sandbox: LocalSandboxState, desktop_image
 
 
 @pytest.mark.sandbox
-def test_a_failing_start_cleans_up(tmp_path: Path, desktop_image: ImageInfo) -> None:
-    """A rootfs whose init cannot run: start() reports the logs and leaves nothing behind."""
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "usr/local/sbin").mkdir(parents=True)
-    init = rootfs / "usr/local/sbin/ale-init"
-    init.write_text("#!/bin/does-not-exist\n")
-    init.chmod(0o755)
-    spec = LocalSandboxSpec(sandbox_id="bad-init", rootfs=str(rootfs))
+def test_a_failing_start_cleans_up(desktop_image: ImageInfo) -> None:
+    """An init that fails at once (sh given ale-init's options): the sandbox exits, its log survives it."""
+    spec = LocalSandboxSpec(sandbox_id="bad-init", rootfs=str(desktop_image.rootfs), init="/bin/sh")
     state = local_runtime.start(spec)  # start() does not wait for the server: the init fails later
     try:
         supervisor_start = state.supervisor_start_time
@@ -446,7 +493,8 @@ def test_a_failing_start_cleans_up(tmp_path: Path, desktop_image: ImageInfo) -> 
         reloaded = local_runtime.load_state("bad-init")
         assert reloaded is not None and reloaded.phase == "exited"
         assert reloaded.exit_code not in (None, 0)
-        assert (Path(state.state_dir) / "logs" / "init.log").read_text()
+        # The sandbox's file system is gone; the tail of its init's log was kept on the way out.
+        assert "Illegal option" in (Path(state.state_dir) / "logs" / "init.log").read_text()
     finally:
         local_runtime.stop("bad-init")
     assert not Path(state.state_dir).exists()

@@ -1,0 +1,590 @@
+"""The supervisor of one local sandbox: ``python -m ale_iac.substrates.local.supervisor STATE_DIR``.
+
+Started (detached, in its own session) by ``runtime.start``. It lives as long as the sandbox, so it
+imports only the standard library and this package's small modules (keep it that way: every
+import here is memory per sandbox). It owns the sandbox's processes for their whole life:
+
+1. makes the sandbox's cgroups (memory, pids, CPU quota) and records what it applied;
+2. makes the sandbox's user namespace: uid/gid 0..65535 inside are an unprivileged host range
+   (``uid_base``), so root inside is nobody outside, also when ale-iac runs as root;
+3. moves itself into a private mount namespace and builds the sandbox's root there, where no host
+   process sees it: a size-limited ext4 file system on a loop device (``disk.img``: the writable
+   layer and the logs, ``nosuid,nodev``), the image rootfs bound read-only through an id mapping
+   into the user namespace, and an overlay of the two;
+4. starts bubblewrap inside the user namespace (as its root) with new pid, net, ipc, uts and
+   cgroup namespaces, the seccomp filter of ``substrates.seccomp``, a cut capability set and
+   bounding set, paused (``--block-fd``) once the namespaces exist;
+5. gives the network namespace outbound access through slirp4netns only when the spec allows it;
+   otherwise it has nothing but ``lo``;
+6. serves the endpoint: 127.0.0.1:<host_port> on the host, an authenticating forwarder
+   (``substrates.authproxy``) whose upstream connections are made inside the sandbox's network
+   namespace, to the computer-server on its loopback;
+7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``;
+8. waits. SIGTERM stops the sandbox (SIGTERM to its init, SIGKILL after a grace period); when
+   the sandbox or slirp4netns dies, the other one is stopped too. On the way out the tails of
+   the sandbox's logs are copied into ``logs/`` of the state dir (read without following links
+   or blocking on FIFOs), so a sandbox that died can still be diagnosed after its file system
+   is gone.
+
+Everything it starts gets SIGKILL when it dies (PR_SET_PDEATHSIG; slirp4netns also watches an
+exit fd), so a SIGKILLed supervisor takes its sandbox along; its mount namespace, and with it the
+loop device, goes when the last process in it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ale_iac.substrates.authproxy import AuthProxy, tcp_connector
+from ale_iac.substrates.local import cgroups, linux
+from ale_iac.substrates.local.runtime import (
+    DISK_FILE,
+    LOGS_DIR,
+    MOUNT_ROOT,
+    MTU,
+    SANDBOX_LOG_NAMES,
+    SECCOMP_FILE,
+    SPEC_FILE,
+    STATE_FILE,
+    TAP,
+    TOKEN_FILE,
+    UID_COUNT,
+    LocalSandboxSpec,
+    LocalSandboxState,
+    copy_tail,
+    now_iso,
+    pid_namespace,
+    proc_start_time,
+    uid_base_of,
+    write_json_atomic,
+)
+
+SLIRP_SOCKET = "slirp.sock"  # relative to the state dir (our cwd): keeps the path short
+SETUP_TIMEOUT_S = 20.0
+STOP_GRACE_S = 3.0
+LOG_TAIL_BYTES = 256 * 1024
+# What root inside the sandbox keeps (in its own user namespace): Docker's default set without
+# CAP_NET_RAW, CAP_MKNOD, CAP_AUDIT_WRITE, CAP_SETFCAP, CAP_FSETID and CAP_SETPCAP. No
+# CAP_NET_ADMIN: the sandbox cannot give itself a route it was not given. The bounding set is cut
+# to the same list, so no file capability or setuid program brings any other back.
+SANDBOX_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+)
+SETPRIV = "/usr/bin/setpriv"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAYER = f"{MOUNT_ROOT}/layer"
+LOWER = f"{MOUNT_ROOT}/lower"
+ROOT = f"{MOUNT_ROOT}/root"
+SANDBOX_LOG_DIR = "/var/log/ale"
+
+
+class SetupError(Exception):
+    pass
+
+
+class StopRequestedError(Exception):
+    pass
+
+
+def log(message: str) -> None:
+    print(f"[supervisor {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, check=False)
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout).decode(errors="replace").strip()
+        raise SetupError(f"{' '.join(argv)} failed ({result.returncode}): {output}")
+
+
+class Supervisor:
+    def __init__(self, folder: Path, ready_fd: int | None) -> None:
+        self.folder = folder
+        self.ready_fd = ready_fd
+        self.spec = LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text()))
+        self.token = (folder / TOKEN_FILE).read_text().strip()
+        self.logs = folder / LOGS_DIR
+        self.pid = os.getpid()
+        start_time = proc_start_time(self.pid)
+        assert start_time is not None
+        self.start_time = start_time
+        self.created_at = now_iso()
+        self.cgroups = cgroups.SandboxCgroups(self.spec.sandbox_id)
+        self.uid_base = uid_base_of(self.spec.sandbox_id)
+        self.userns_fd = -1
+        self.sandbox: subprocess.Popen[bytes] | None = None
+        self.slirp: subprocess.Popen[bytes] | None = None
+        self.slirp_exit_w: int | None = None
+        self.init_pid: int | None = None
+        self.pidns: str | None = None
+        self.host_port = 0
+        self.phase = "starting"
+        self.exit_code: int | None = None
+        self.layer_mounted = False
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def state(self) -> LocalSandboxState:
+        return LocalSandboxState(
+            sandbox_id=self.spec.sandbox_id,
+            supervisor_pid=self.pid,
+            supervisor_start_time=self.start_time,
+            host_port=self.host_port,
+            endpoint=f"http://127.0.0.1:{self.host_port}" if self.host_port else "",
+            state_dir=str(self.folder),
+            rootfs=self.spec.rootfs,
+            labels=dict(self.spec.labels),
+            limits=list(self.cgroups.records),
+            allow_outbound=self.spec.allow_outbound,
+            phase=self.phase,
+            created_at=self.created_at,
+            init_pid=self.init_pid,
+            pid_namespace=self.pidns,
+            cgroups=[str(p) for p in self.cgroups.paths],
+            uid_base=self.uid_base,
+            exit_code=self.exit_code,
+        )
+
+    def save(self) -> None:
+        write_json_atomic(self.folder / STATE_FILE, self.state().to_json())
+
+    def report(self, message: dict[str, Any]) -> None:
+        if self.ready_fd is None:
+            return
+        try:
+            os.write(self.ready_fd, (json.dumps(message) + "\n").encode())
+        except OSError:
+            pass  # start() gave up waiting; the state file still says what happened
+        finally:
+            os.close(self.ready_fd)
+            self.ready_fd = None
+
+    # --- limits --------------------------------------------------------------------------------
+
+    def apply_limits(self) -> None:
+        spec = self.spec
+        limits = cgroups.Limits(
+            memory_gb=spec.memory_gb,
+            pids_max=spec.pids_limit,
+            cpus=spec.vcpus,
+        )
+        self.cgroups.apply(limits, host_cpus=len(os.sched_getaffinity(0)))
+        self.cgroups.records.append(
+            cgroups.LimitRecord(
+                "disk_gb",
+                str(spec.disk_gb),
+                True,
+                f"{spec.disk_gb} GiB ext4 file system for the writable layer and logs",
+            )
+        )
+        for record in self.cgroups.records:
+            outcome = "applied" if record.applied else "NOT applied"
+            log(f"limit {record.name}={record.requested}: {outcome}: {record.detail}")
+
+    # --- the root file system ------------------------------------------------------------------
+
+    def build_root(self) -> None:
+        """In a mount namespace of our own: the loop file system, the id-mapped image, the overlay."""
+        rootfs = Path(self.spec.rootfs).resolve()
+        Path(MOUNT_ROOT).mkdir(mode=0o755, parents=True, exist_ok=True)
+        linux.private_mount_namespace()
+        linux.mount("tmpfs", MOUNT_ROOT, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=0755")
+        for path in (LAYER, LOWER, ROOT):
+            os.mkdir(path)
+        disk = self.folder / DISK_FILE
+        fd = os.open(disk, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.truncate(self.spec.disk_gb * 2**30)
+        owner = f"{self.uid_base}:{self.uid_base}"
+        _run(
+            [
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-E",
+                f"lazy_itable_init=1,root_owner={owner}",
+                str(disk),
+            ]
+        )
+        _run(["mount", "-o", "loop,nosuid,nodev", str(disk), LAYER])
+        self.layer_mounted = True
+        lower_root = os.stat(rootfs)
+        for name, mode, uid in (
+            ("upper", lower_root.st_mode & 0o7777, self.uid_base),
+            ("work", 0o700, 0),
+            ("logs", 0o755, self.uid_base),
+        ):
+            path = f"{LAYER}/{name}"
+            os.mkdir(path, mode)
+            os.chmod(path, mode)
+            os.chown(path, uid, uid)
+        linux.idmapped_bind(str(rootfs), LOWER, self.userns_fd)
+        options = f"lowerdir={LOWER},upperdir={LAYER}/upper,workdir={LAYER}/work"
+        linux.mount("overlay", ROOT, "overlay", linux.MS_NOSUID | linux.MS_NODEV, options)
+        if self.spec.allow_outbound:
+            self._write_in_root("etc/resolv.conf", "nameserver 10.0.2.3\n")
+        logs_target = f"{ROOT}{SANDBOX_LOG_DIR}"
+        if not os.path.isdir(logs_target):
+            raise SetupError(f"the image has no {SANDBOX_LOG_DIR}; is it an ale-iac image?")
+        linux.mount(f"{LAYER}/logs", logs_target, None, linux.MS_BIND)
+        flags = linux.MS_BIND | 0x20 | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC  # 0x20: MS_REMOUNT
+        linux.mount("none", logs_target, None, flags)
+
+    def _write_in_root(self, relpath: str, text: str) -> None:
+        """Write a file into the sandbox's root, owned by its root user."""
+        path = f"{ROOT}/{relpath}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a symlink in the image is replaced, never followed
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chown(path, self.uid_base, self.uid_base, follow_symlinks=False)
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def bwrap_argv(self, info_w: int, block_r: int, seccomp_fd: int) -> list[str]:
+        spec = self.spec
+        argv = [
+            "bwrap",
+            "--bind",
+            ROOT,
+            "/",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/dev/shm",
+            "--proc",
+            "/proc",
+            "--ro-bind",
+            "/proc/sys",
+            "/proc/sys",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/run",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            spec.sandbox_id,
+            "--die-with-parent",
+            "--new-session",
+            "--as-pid-1",
+            "--info-fd",
+            str(info_w),
+            "--block-fd",
+            str(block_r),
+            "--seccomp",
+            str(seccomp_fd),
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            SANDBOX_PATH,
+            "--setenv",
+            "HOME",
+            "/root",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--chdir",
+            "/root",
+            "--cap-drop",
+            "ALL",
+        ]
+        # CAP_SETPCAP only for setpriv, which cuts the bounding set and is gone by the init's exec.
+        for cap in (*SANDBOX_CAPS, "CAP_SETPCAP"):
+            argv += ["--cap-add", cap]
+        keep = ",".join("+" + cap.removeprefix("CAP_").lower() for cap in SANDBOX_CAPS)
+        argv += [
+            "--",
+            SETPRIV,
+            f"--bounding-set=-all,{keep}",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--",
+            spec.init,
+            "--port",
+            str(spec.server_port),
+            "--width",
+            str(spec.screen_width),
+            "--height",
+            str(spec.screen_height),
+            "--log-dir",
+            SANDBOX_LOG_DIR,
+        ]
+        return argv
+
+    def _preexec_sandbox(self) -> None:
+        """preexec_fn of bwrap: cgroups first (every later process inherits them), then become the
+        user namespace's root, so that bwrap makes every other namespace inside it."""
+        linux.die_with_parent()
+        self.cgroups.join()
+        linux.become_root_of(self.userns_fd)
+
+    def start_sandbox(self) -> tuple[int, int]:
+        """Start bwrap; returns (info read fd, block write fd)."""
+        if not os.path.isfile(f"{ROOT}{SETPRIV}"):
+            raise SetupError(f"the image has no {SETPRIV} (util-linux); is it an ale-iac image?")
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        seccomp_fd = os.open(self.folder / SECCOMP_FILE, os.O_RDONLY)
+        argv = self.bwrap_argv(info_w, block_r, seccomp_fd)
+        log("starting: " + " ".join(argv))
+        # The init's own output goes to the size-limited logs, never to a host file it could fill.
+        init_log = os.open(f"{LAYER}/logs/init.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        try:
+            self.sandbox = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=init_log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(info_w, block_r, seccomp_fd, self.userns_fd),
+                preexec_fn=self._preexec_sandbox,  # noqa: PLW1509
+                cwd=self.folder,
+            )
+        finally:
+            for fd in (info_w, block_r, seccomp_fd, init_log):
+                os.close(fd)
+        return info_r, block_w
+
+    def read_info(self, info_r: int) -> None:
+        """bwrap's --info-fd JSON: the host pid of the sandbox's PID 1 (our init after exec)."""
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        data = b""
+        while True:
+            try:
+                info = json.loads(data)
+                break
+            except ValueError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SetupError(f"bwrap did not report its sandbox pid within {SETUP_TIMEOUT_S:.0f} s")
+            ready, _, _ = select.select([info_r], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(info_r, 4096)
+            if not chunk:
+                raise SetupError("the sandbox exited during setup (bwrap failed; see init.log)")
+            data += chunk
+        os.close(info_r)
+        self.init_pid = int(info["child-pid"])
+        self.pidns = pid_namespace(self.init_pid)
+
+    def start_slirp(self) -> None:
+        """Outbound network for a sandbox whose spec allows it: slirp4netns with its own DNS."""
+        assert self.init_pid is not None
+        exit_r, exit_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        argv = [
+            "slirp4netns",
+            "--configure",
+            f"--mtu={MTU}",
+            "--disable-host-loopback",
+            f"--api-socket={SLIRP_SOCKET}",
+            f"--exit-fd={exit_r}",
+            f"--ready-fd={ready_w}",
+            str(self.init_pid),
+            TAP,
+        ]
+        log("starting: " + " ".join(argv))
+        with open(self.logs / "slirp4netns.log", "ab") as logf:
+            self.slirp = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                pass_fds=(exit_r, ready_w),
+                preexec_fn=linux.die_with_parent,  # noqa: PLW1509
+                cwd=self.folder,
+            )
+        os.close(exit_r)
+        os.close(ready_w)
+        self.slirp_exit_w = exit_w  # held open for our whole life: slirp4netns exits on its EOF
+        ready, _, _ = select.select([ready_r], [], [], SETUP_TIMEOUT_S)
+        data = os.read(ready_r, 16) if ready else b""
+        os.close(ready_r)
+        if not data:
+            raise SetupError("slirp4netns did not become ready (see slirp4netns.log)")
+
+    def start_endpoint(self) -> None:
+        """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback."""
+        assert self.init_pid is not None
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        netns = os.open(f"/proc/{self.init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        joined = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                linux.setns(netns, linux.CLONE_NEWNET)  # this thread only: upstream sockets are made inside
+            except BaseException as exc:
+                failure.append(exc)
+                return
+            finally:
+                os.close(netns)
+                joined.set()
+            proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
+            asyncio.run(proxy.serve(listener))
+
+        threading.Thread(target=serve, name="endpoint", daemon=True).start()
+        joined.wait()
+        if failure:
+            raise SetupError(f"cannot join the sandbox's network namespace: {failure[0]}")
+        self.host_port = int(listener.getsockname()[1])
+        log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
+
+    def setup(self) -> None:
+        self.save()
+        self.apply_limits()
+        self.save()
+        self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
+        self.build_root()
+        info_r, block_w = self.start_sandbox()
+        try:
+            self.read_info(info_r)
+            self.save()
+            if self.spec.allow_outbound:
+                self.start_slirp()
+            self.start_endpoint()
+            os.write(block_w, b"1")  # bwrap goes on and executes the init
+        finally:
+            os.close(block_w)
+        self.phase = "running"
+        self.save()
+
+    # --- run and stop --------------------------------------------------------------------------
+
+    def on_sigterm(self, _signum: int, _frame: object) -> None:
+        raise StopRequestedError
+
+    def stop_children(self) -> None:
+        """SIGTERM to the sandbox's init (it forwards to the server), SIGKILL after a grace period."""
+        sandbox = self.sandbox
+        if sandbox is not None and sandbox.poll() is None:
+            if self.init_pid is not None and self.phase == "running":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.init_pid, signal.SIGTERM)
+                try:
+                    sandbox.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    log(f"the sandbox did not stop within {STOP_GRACE_S:.0f} s; killing it")
+            if sandbox.poll() is None:
+                # bwrap's --die-with-parent takes the sandbox's PID 1, and so the whole PID namespace.
+                sandbox.kill()
+                sandbox.wait()
+        slirp = self.slirp
+        if slirp is not None and slirp.poll() is None:
+            slirp.terminate()
+            try:
+                slirp.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                slirp.kill()
+                slirp.wait()
+
+    def keep_log_tails(self) -> None:
+        """Copy the tails of the sandbox's logs out of its file system before that goes."""
+        if not self.layer_mounted:
+            return
+        try:
+            source = os.open(f"{LAYER}/logs", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            for name in SANDBOX_LOG_NAMES:
+                copy_tail(source, name, self.logs / name, LOG_TAIL_BYTES)
+        finally:
+            os.close(source)
+
+    def wait(self) -> None:
+        """Until SIGTERM, or until the sandbox or slirp4netns exits."""
+        assert self.sandbox is not None
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == self.sandbox.pid:
+                self.sandbox.returncode = os.waitstatus_to_exitcode(status)
+                self.exit_code = self.sandbox.returncode
+                log(f"the sandbox exited with {self.exit_code}")
+                return
+            if self.slirp is not None and pid == self.slirp.pid:
+                self.slirp.returncode = os.waitstatus_to_exitcode(status)
+                log(f"slirp4netns exited with {self.slirp.returncode}; stopping the sandbox")
+                return
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        signal.signal(signal.SIGINT, self.on_sigterm)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            try:
+                self.setup()
+            except StopRequestedError:
+                raise
+            except Exception as exc:
+                log("setup failed:\n" + traceback.format_exc())
+                self.stop_children()
+                self.keep_log_tails()
+                self.report({"ok": False, "error": str(exc)})
+                self.phase = "exited"
+                return 1
+            self.report({"ok": True, "state": self.state().to_json()})
+            self.wait()
+        except StopRequestedError:
+            log("stop requested")
+            self.report({"ok": False, "error": "stopped during start"})
+        finally:
+            # No more SIGTERM interruptions while cleaning up.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.stop_children()
+            self.keep_log_tails()
+            self.phase = "exited"
+            with contextlib.suppress(OSError):  # stop() may already be deleting the state dir
+                self.save()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ale_iac.substrates.local.supervisor")
+    parser.add_argument("state_dir", type=Path)
+    parser.add_argument("--ready-fd", type=int, default=None, help="fd on which to report readiness (one JSON line)")
+    args = parser.parse_args(argv)
+    folder = args.state_dir.resolve()
+    os.chdir(folder)
+    os.umask(0o077)  # everything it makes on the host is its owner's alone
+    log(f"supervisor pid {os.getpid()} for {folder}")
+    return Supervisor(folder, args.ready_fd).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""Inside-out isolation suite: a real sandbox probed from the inside, as a hostile agent would.
+
+Every probe goes through the computer-server's ``run_command`` (what an agent has), and every
+finding of the isolation review is a test here: host kernel settings, user namespaces, the seccomp
+filter, capabilities, planted setuid files, the network, the endpoint's authentication, limits on
+tasks, CPU and disk, and the host reading files the sandbox wrote.
+
+The suite is written against :class:`SandboxUnderTest`, so that every substrate runs it: the
+``local`` one is below; docker and qemu units add theirs to ``SUBSTRATES``.
+
+Network probes never leave this machine: connections go to the host's loopback, or to addresses
+for which the sandbox has no route, so they fail before any packet is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import socket
+import stat
+import subprocess
+import textwrap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pytest
+
+from ale_iac.images import ImageInfo
+from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.seccomp import SANDBOX_POLICY
+from tests.sandbox_fixtures import Endpoint, new_sandbox_id, run, wait_for_status
+from tests.substrates.test_seccomp import PROBE_SCRIPT, PROBES, nr
+
+pytestmark = pytest.mark.sandbox
+
+PIDS_LIMIT = 200
+DISK_GB = 1
+# CAP_CHOWN, DAC_OVERRIDE, FOWNER, KILL, SETGID, SETUID, NET_BIND_SERVICE, SYS_CHROOT
+SANDBOX_CAPS_MASK = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 10) | (1 << 18)
+CAP_FSETID, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN, CAP_AUDIT_WRITE, CAP_SETFCAP = 4, 12, 13, 21, 29, 31
+
+
+class SandboxUnderTest(Protocol):
+    """What the suite needs of a substrate's sandbox, from the host's side."""
+
+    endpoint: Endpoint
+
+    def host_pids(self) -> list[int]:
+        """Every host process that belongs to the sandbox (helpers included)."""
+
+    def host_paths(self) -> list[Path]:
+        """Host folders the substrate keeps for the sandbox (state, logs)."""
+
+    def read_log(self, name: str) -> str:
+        """A log the sandbox wrote, read by the host the way ale-iac reads it."""
+
+    def tasks_in_use(self) -> int:
+        """Tasks the sandbox holds, as its task limit counts them."""
+
+
+@dataclass
+class LocalUnderTest:
+    state: LocalSandboxState
+    endpoint: Endpoint
+
+    def host_pids(self) -> list[int]:
+        return local_runtime.sandbox_pids(self.state)
+
+    def host_paths(self) -> list[Path]:
+        return [Path(self.state.state_dir)]
+
+    def read_log(self, name: str) -> str:
+        return local_runtime.log_text(self.state, name)
+
+    def tasks_in_use(self) -> int:
+        folder = next(Path(p) for p in self.state.cgroups if (Path(p) / "pids.current").exists())
+        return int((folder / "pids.current").read_text())
+
+
+@pytest.fixture(scope="module", params=["local"])
+def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
+    spec = LocalSandboxSpec(
+        sandbox_id=new_sandbox_id("isolation"),
+        rootfs=str(desktop_image.rootfs),
+        pids_limit=PIDS_LIMIT,
+        disk_gb=DISK_GB,
+    )
+    state = local_runtime.start(spec)
+    try:
+        wait_for_status(state)
+        yield LocalUnderTest(state, Endpoint.of(state))
+    finally:
+        local_runtime.stop(state.sandbox_id)
+
+
+def sh(sut: SandboxUnderTest, command: str) -> dict[str, Any]:
+    return run(sut.endpoint, command)
+
+
+def python(sut: SandboxUnderTest, code: str) -> dict[str, Any]:
+    return sh(sut, "python3 -c " + shlex.quote(textwrap.dedent(code)))
+
+
+def status_field(text: str, name: str) -> str:
+    return next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(name + ":"))
+
+
+# --- who root inside is --------------------------------------------------------------------------------
+
+
+def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) -> None:
+    uid_map = sh(sut, "cat /proc/self/uid_map /proc/self/gid_map")["stdout"].split()
+    assert uid_map[0::3] == ["0", "0"] and uid_map[2::3] == ["65536", "65536"], uid_map
+    base = int(uid_map[1])
+    assert base >= 2**30 and uid_map[4] == uid_map[1], uid_map
+    assert sh(sut, "id -u")["stdout"] == "0\n"
+    inside = [pid for pid in sut.host_pids() if Path(f"/proc/{pid}/ns/user").exists()]
+    own_userns = os.readlink("/proc/self/ns/user")
+    sandboxed = [pid for pid in inside if os.readlink(f"/proc/{pid}/ns/user") != own_userns]
+    assert sandboxed, "no process of the sandbox runs in a user namespace of its own"
+    for pid in sandboxed:
+        uids = status_field(Path(f"/proc/{pid}/status").read_text(), "Uid").split()
+        assert {int(u) for u in uids} <= set(range(base, base + 65536)), (pid, uids)
+
+
+def test_host_kernel_settings_are_read_only(sut: SandboxUnderTest) -> None:
+    # A no-op write of a host-global setting: the value read is written back.
+    noop = sh(sut, 'v=$(cat /proc/sys/kernel/core_pattern); printf %s "$v" > /proc/sys/kernel/core_pattern')
+    assert noop["return_code"] != 0, noop
+    writable = python(
+        sut,
+        """
+        import os
+        found = []
+        for folder, _, files in os.walk("/proc/sys"):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    os.close(os.open(path, os.O_WRONLY))  # opening writes nothing
+                    found.append(path)
+                except OSError:
+                    pass
+        print(len(found), *found[:20])
+        """,
+    )
+    assert writable["stdout"].split()[0] == "0", writable["stdout"]
+    for path in ("/proc/sysrq-trigger", "/proc/sys/vm/drop_caches"):
+        assert sh(sut, f"test -w {path}")["return_code"] != 0, path
+
+
+def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
+    reply = sh(sut, "unshare --user --map-root-user true")
+    assert reply["return_code"] != 0 and "Operation not permitted" in reply["stderr"], reply
+    # Nor through another path to the same kernel call: clone(CLONE_NEWUSER) from Python.
+    child = python(
+        sut,
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+        if pid == 0:
+            os._exit(0)
+        print(pid, ctypes.get_errno())
+        """,
+    )
+    assert child["stdout"].split() == ["-1", "1"], child  # EPERM
+
+
+def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderTest) -> None:
+    status = sh(sut, "cat /proc/self/status")["stdout"]
+    assert status_field(status, "Seccomp") == "2" and status_field(status, "NoNewPrivs") == "1", status
+    for family_name, (syscall, args) in sorted(PROBES.items()):
+        number = nr(syscall)
+        if number < 0:
+            continue
+        payload = json.dumps([number, list(args), None])
+        reply = sh(sut, f"python3 -c {shlex.quote(PROBE_SCRIPT)} {shlex.quote(payload)}")
+        assert reply["return_code"] == 0, reply
+        result = json.loads(reply["stdout"])
+        assert result == {"result": -1, "errno": SANDBOX_POLICY.family(family_name).errno}, (family_name, result)
+
+
+def test_capabilities_and_bounding_set_are_cut(sut: SandboxUnderTest) -> None:
+    status = sh(sut, "cat /proc/1/status /proc/self/status")["stdout"]
+    for field in ("CapEff", "CapPrm", "CapBnd"):
+        values = [line.split()[1] for line in status.splitlines() if line.startswith(field + ":")]
+        assert values and all(int(v, 16) == SANDBOX_CAPS_MASK for v in values), (field, values)
+    for field in ("CapInh", "CapAmb"):
+        values = [line.split()[1] for line in status.splitlines() if line.startswith(field + ":")]
+        assert all(int(v, 16) == 0 for v in values), (field, values)
+    for cap in (CAP_FSETID, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN, CAP_AUDIT_WRITE, CAP_SETFCAP):
+        assert not SANDBOX_CAPS_MASK & (1 << cap)
+
+
+# --- files ---------------------------------------------------------------------------------------------
+
+
+def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> None:
+    plant = sh(
+        sut,
+        "cp /bin/sh /root/suid-sh && chmod 4755 /root/suid-sh && "
+        "cp /bin/sh /var/log/ale/suid-sh && chmod 4755 /var/log/ale/suid-sh && stat -c %a /root/suid-sh",
+    )
+    assert plant["return_code"] == 0 and plant["stdout"] == "4755\n", plant
+    # Not even inside does it raise anyone: nosuid mounts and no_new_privs.
+    raised = sh(sut, "setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-sh -c 'id -u'")
+    assert raised["stdout"] == "1000\n", raised
+    for root in sut.host_paths():
+        for folder, dirs, files in os.walk(root):
+            info = os.stat(folder)
+            assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) & 0o077 == 0, (folder, oct(info.st_mode))
+            for name in files + dirs:
+                entry = os.lstat(os.path.join(folder, name))
+                assert not entry.st_mode & (stat.S_ISUID | stat.S_ISGID), os.path.join(folder, name)
+                if stat.S_ISREG(entry.st_mode):
+                    assert stat.S_IMODE(entry.st_mode) & 0o077 == 0, (name, oct(entry.st_mode))
+    # The sandbox's own file system is mounted in no host mount namespace but its own.
+    sandbox_pids = set(sut.host_pids())
+    own = os.readlink("/proc/self/ns/mnt")
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in sandbox_pids):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/mnt") != own:
+                continue
+            assert "suid-sh" not in Path(f"/proc/{pid}/mountinfo").read_text()
+        except OSError:
+            continue
+
+
+def test_no_host_path_is_visible_inside(sut: SandboxUnderTest) -> None:
+    mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
+    for root in sut.host_paths():
+        assert str(root) not in mountinfo
+    assert str(Path.home()) + "/" not in mountinfo
+    assert ".cache/ale-iac" not in mountinfo
+
+
+def test_the_disk_is_bounded(sut: SandboxUnderTest) -> None:
+    for target in ("/root/big", "/var/log/ale/big"):
+        grow = sh(sut, f"fallocate -l {DISK_GB + 1}G {target}; echo rc=$?; rm -f {target}")
+        assert "rc=0" not in grow["stdout"], grow
+        assert "No space left on device" in grow["stderr"], grow
+
+
+def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: SandboxUnderTest) -> None:
+    plant = sh(
+        sut,
+        "cd /var/log/ale && rm -f server.log xvfb.log && ln -s /etc/shadow server.log && mkfifo xvfb.log",
+    )
+    assert plant["return_code"] == 0, plant
+    results: dict[str, str] = {}
+
+    def read_both() -> None:
+        results["server.log"] = sut.read_log("server.log")
+        results["xvfb.log"] = sut.read_log("xvfb.log")
+
+    reader = threading.Thread(target=read_both, daemon=True)
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive(), "reading a sandbox-written FIFO blocked the host"
+    assert results == {"server.log": "", "xvfb.log": ""}, results
+
+
+# --- network and endpoint ------------------------------------------------------------------------------
+
+
+def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> None:
+    links = sh(sut, "ip -o link")["stdout"].splitlines()
+    assert [line.split(":")[1].strip() for line in links] == ["lo"], links
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in sut.host_pids()}
+    assert not names & {"slirp4netns", "pasta", "vpnkit"}, names
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        probes = python(
+            sut,
+            f"""
+            import socket
+            for host, port, kind in [("10.0.2.2", {port}, "tcp"), ("10.0.2.3", 53, "tcp"), ("10.0.2.3", 53, "udp"),
+                                     ("10.0.2.255", 9, "udp"), ("127.0.0.1", {port}, "tcp")]:
+                try:
+                    if kind == "tcp":
+                        socket.create_connection((host, port), timeout=3).close()
+                    else:
+                        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", (host, port))
+                    print(host, port, kind, "reached")
+                except OSError as exc:
+                    print(host, port, kind, "failed", exc.errno)
+            """,
+        )
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    lines = probes["stdout"].splitlines()
+    assert len(lines) == 5 and all(" failed " in line for line in lines), lines
+
+
+def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest) -> None:
+    url = sut.endpoint.url
+    assert httpx.get(f"{url}/status", timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer " + secrets.token_urlsafe(32)}
+    assert httpx.post(f"{url}/cmd", json={"command": "version"}, headers=wrong, timeout=10).status_code == 401
+    assert httpx.get(f"{url}/status", headers=sut.endpoint.headers, timeout=10).status_code == 200
+    token = sut.endpoint.token
+    assert token
+    half = len(token) // 2  # the probe's own command line must not carry the token whole
+    search = sh(
+        sut,
+        f"t={shlex.quote(token[:half])}{shlex.quote(token[half:])}; "
+        'grep -rlF -- "$t" /var/log/ale /proc/[0-9]*/environ /root /tmp 2>/dev/null; true',
+    )
+    assert search["stdout"] == "", search
+
+
+def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest) -> None:
+    user = f"aleprobe{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    try:
+        script = textwrap.dedent(
+            f"""
+            import json, urllib.request, urllib.error, os
+            out = {{}}
+            request = urllib.request.Request({sut.endpoint.url + "/cmd"!r}, method="POST",
+                data=json.dumps({{"command": "run_command", "params": {{"command": "id"}}}}).encode(),
+                headers={{"Content-Type": "application/json"}})
+            try:
+                urllib.request.urlopen(request, timeout=10)
+                out["cmd"] = "answered"
+            except urllib.error.HTTPError as exc:
+                out["cmd"] = exc.code
+            for path in {[str(p) for p in sut.host_paths()]!r}:
+                try:
+                    os.listdir(path)
+                    out[path] = "listed"
+                except OSError as exc:
+                    out[path] = exc.errno
+            print(json.dumps(out))
+            """
+        )
+        done = subprocess.run(
+            ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "/usr/bin/python3", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        outcome = json.loads(done.stdout)
+        assert outcome.pop("cmd") == 401, outcome
+        assert all(value == 13 for value in outcome.values()), outcome  # EACCES on every state folder
+    finally:
+        subprocess.run(["userdel", user], check=False, capture_output=True)
+
+
+# --- limits --------------------------------------------------------------------------------------------
+
+
+def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
+    reply = python(
+        sut,
+        """
+        import subprocess
+        children, refused = [], 0
+        for _ in range(400):
+            try:
+                children.append(subprocess.Popen(["sleep", "60"]))
+            except OSError:
+                refused += 1
+        print(len(children), refused)
+        for child in children:
+            child.kill()
+            child.wait()
+        """,
+    )
+    started, refused = (int(n) for n in reply["stdout"].split())
+    assert started < PIDS_LIMIT and refused > 0, reply
+    assert sut.tasks_in_use() < PIDS_LIMIT
+    # The sandbox still works once the burst is gone.
+    assert sh(sut, "echo alive")["stdout"] == "alive\n"
+
+
+def test_cgroups_and_cpu_placement_are_out_of_reach(sut: SandboxUnderTest) -> None:
+    mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
+    assert " cgroup" not in mountinfo, mountinfo  # no cgroupfs to write a limit away
+    assert sh(sut, "cat /proc/self/cgroup")["stdout"].strip().endswith(":/")  # its own cgroup namespace
