@@ -166,8 +166,6 @@ class AliyunRoute(CloudRouteBase):
     )
 
 
-CLOUD_KINDS = ("gcloud", "aws", "aliyun")
-
 _CREDENTIAL_KEYS = frozenset(
     {
         "aws:accesskey",

@@ -1,13 +1,20 @@
-"""The stack-output contract: the only thing the declaring side (infra/) and the running side
-(sandbox/, runner/) share.
+"""The seam between declaring sandboxes (``infra/``) and running against them (``sandbox/``,
+``runner/``): the only thing the two sides share.
 
-Every program that declares sandboxes exports one output, ``units``: a mapping of unit name to a
-dict of the shape of :class:`UnitOutputs`. The runtime parses that dict into a ``SandboxHandle``;
-it never looks at resources, providers or Pulumi state.
+* The unit request: :class:`UnitSpec` (name, logical snapshot, :class:`Shape`, labels) is what the
+  runtime asks the declaring side for.
+* The unit outputs: every program that declares sandboxes exports one output, ``units``: a
+  mapping of unit name to a dict of the shape of :class:`UnitOutputs`. The runtime parses that
+  dict into a ``SandboxHandle``; it never looks at resources, providers or Pulumi state.
+* The path conventions of the images, per OS (:data:`LINUX_DESKTOP_PATHS`, :data:`WINDOWS_DESKTOP_PATHS`).
+
+It imports nothing of ours: both sides import it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -31,6 +38,56 @@ class SandboxPaths(BaseModel):
     work_dir_base: str = Field(description="Where per-run agent work dirs are created.")
     task_data_root: str = Field(description="Root of staged task data (input/, reference/, output/).")
     python: str = Field(description="A Python interpreter inside the sandbox.")
+
+
+LINUX_DESKTOP_PATHS = SandboxPaths(
+    home="/root",
+    work_dir_base="/root/.ale",
+    task_data_root="/data/tasks",
+    python="/usr/bin/python3",
+)
+"""Path conventions of the ``desktop`` image built from ``images/desktop``."""
+
+WINDOWS_DESKTOP_PATHS = SandboxPaths(
+    home="C:\\Users\\User",
+    work_dir_base="C:\\Users\\User\\.ale",
+    task_data_root="C:\\ale\\tasks",
+    python="C:\\ale-run\\.venv\\Scripts\\python.exe",
+)
+"""Path conventions for Windows images: the desktop user ``User`` (auto-logon), the computer-server's
+venv under ``C:\\ale-run`` (as in ALE's ale-win10 image), task data under ``C:\\ale\\tasks``."""
+
+
+def paths_for(os_name: OsName) -> SandboxPaths:
+    return WINDOWS_DESKTOP_PATHS if os_name == "windows" else LINUX_DESKTOP_PATHS
+
+
+class Shape(BaseModel):
+    """Resource hints from a task card. Each provider translates what it can and records the rest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vcpus: int | None = Field(default=None, ge=1, le=1024, description="Virtual CPUs.")
+    memory_gb: float | None = Field(default=None, gt=0, le=16384, description="Memory in GiB.")
+    disk_gb: int | None = Field(default=None, ge=1, le=65536, description="Boot disk size in GiB.")
+    gpu: str | None = Field(default=None, description="GPU kind, e.g. nvidia-l4; None for no GPU.")
+    machine_type: str | None = Field(default=None, description="Explicit machine type; wins over the rest.")
+
+    def over(self, base: Shape) -> Shape:
+        """This shape's set fields on top of ``base`` (task hints override profile defaults)."""
+        merged = base.model_dump()
+        merged.update({k: v for k, v in self.model_dump().items() if v is not None})
+        return Shape(**merged)
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One sandbox to declare: its name in the stack, the snapshot it asks for, its shape."""
+
+    name: str
+    snapshot: str | None = None
+    shape: Shape = field(default_factory=Shape)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class UnitOutputs(BaseModel):

@@ -32,6 +32,7 @@ from typing import Any
 
 from pulumi import automation as auto
 
+from ale_iac import procs
 from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home
@@ -156,7 +157,7 @@ class Engine:
         removed: list[Path] = []
         for entry in (self.home / "work").iterdir():
             match = re.match(r"^.+-p(\d+)-[0-9a-f]{8}$", entry.name)
-            if not match or _pid_alive(int(match.group(1))):
+            if not match or procs.alive(int(match.group(1))):
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
@@ -286,7 +287,7 @@ class Engine:
         """
         holders = self.lock_holders(name)
         if holders:
-            if any(_pid_alive(pid) for pid in holders):
+            if any(procs.alive(pid) for pid in holders):
                 raise StackLockedError(f"stack '{name}' is being changed by a running pulumi process {holders}")
             self.cancel(name)
         self.destroy(name, remove=True)
@@ -303,9 +304,6 @@ class Engine:
             )
             for s in summaries
         ]
-
-    def stack_exists(self, name: str) -> bool:
-        return any(info.name == name for info in self.list_stacks())
 
     def is_locked(self, name: str) -> bool:
         return bool(self.lock_holders(name))
@@ -325,12 +323,6 @@ class Engine:
 
     # -- async twins ---------------------------------------------------------------------------
 
-    async def up_async(self, name: str, program: Program, on_output: OutputSink | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.up, name, program, on_output)
-
-    async def destroy_async(self, name: str, remove: bool = True) -> None:
-        await asyncio.to_thread(self.destroy, name, remove)
-
     async def units_async(self, name: str) -> dict[str, UnitOutputs]:
         return await asyncio.to_thread(self.units, name)
 
@@ -343,23 +335,14 @@ def sweep_orphan_providers() -> list[int]:
     ``create``. Returns the process groups killed.
     """
     killed: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in procs.all_pids():
+        argv = procs.argv(pid)
+        if not any(a.endswith("pulumi-resource-pulumi-python") for a in argv[:2]):
             continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        ppid = procs.parent(pid) or 0
+        parent = (procs.argv(ppid) or [""])[0] if ppid > 1 else ""
+        if ppid > 1 and procs.alive(ppid) and parent.rsplit("/", 1)[-1] == "pulumi":
             continue
-        if not any(a.endswith(b"pulumi-resource-pulumi-python") for a in argv[:2]):
-            continue
-        try:
-            parent = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            parent = b""
-        if ppid > 1 and _pid_alive(ppid) and parent.rsplit(b"/", 1)[-1] == b"pulumi":
-            continue
-        pid = int(entry.name)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
             killed.append(pid)
@@ -368,23 +351,6 @@ def sweep_orphan_providers() -> list[int]:
 
 def _empty_program() -> None:
     """Program used for operations that do not run one (destroy, outputs, cancel)."""
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs. A zombie (killed, not yet reaped by its new parent) counts as dead."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
 
 
 def read_unit_handle(stack: str, unit: str | None = None) -> UnitOutputs:

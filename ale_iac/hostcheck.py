@@ -39,12 +39,5 @@ def docker_engine() -> Check:
     return Check("docker engine", True, f"server {out.stdout.strip()}")
 
 
-def local_substrate_checks() -> list[Check]:
-    """Everything the ``local`` provider needs on the host (the very list its runtime enforces)."""
-    from ale_iac.substrates.local.runtime import host_checks
-
-    return host_checks()
-
-
 def other_substrate_checks() -> list[Check]:
     return [_which("qemu-system-x86_64"), _which("qemu-img"), docker_engine(), _which("debootstrap")]

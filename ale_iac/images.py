@@ -31,12 +31,12 @@ import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import ale_iac
+from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError
+from ale_iac.paths import cache_root, project_root
 
 LogFn = Callable[[str], None]
 
@@ -51,11 +51,22 @@ CHROOT_CA_BUNDLE = "tmp/ale-build-ca.pem"
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host settings passed into the chroot so that apt and pip there reach what the host reaches.
 PASSTHROUGH_ENV = (
-    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_DEFAULT_TIMEOUT",
 )
 PASSTHROUGH_APT = (
-    "Acquire::Check-Valid-Until", "Acquire::Check-Date", "Acquire::http::Proxy", "Acquire::https::Proxy",
+    "Acquire::Check-Valid-Until",
+    "Acquire::Check-Date",
+    "Acquire::http::Proxy",
+    "Acquire::https::Proxy",
 )
 _IGNORED_NAMES = {"__pycache__", ".DS_Store"}
 
@@ -130,17 +141,12 @@ class ImageInfo:
 
 def recipes_dir() -> Path:
     """The repository's ``images/`` folder (next to the ``ale_iac`` package)."""
-    return Path(ale_iac.__file__).resolve().parents[1] / "images"
+    return project_root() / "images"
 
 
 def cache_dir() -> Path:
     """``${ALE_IAC_CACHE:-${XDG_CACHE_HOME:-~/.cache}/ale-iac}/images``."""
-    root = os.environ.get("ALE_IAC_CACHE")
-    if root:
-        return Path(root).expanduser() / "images"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "ale-iac" / "images"
+    return cache_root() / "images"
 
 
 def recipe_dir(name: str) -> Path:
@@ -410,8 +416,17 @@ class _Builder:
         self.run(
             f"debootstrap {suite} ({variant})",
             [
-                "unshare", "--mount", "--propagation", "private", "--",
-                "debootstrap", f"--variant={variant}", f"--keyring={KEYRING}", suite, str(self.rootfs), mirror,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "debootstrap",
+                f"--variant={variant}",
+                f"--keyring={KEYRING}",
+                suite,
+                str(self.rootfs),
+                mirror,
             ],
         )
 
@@ -427,9 +442,22 @@ class _Builder:
         self.run(
             phase,
             [
-                "unshare", "--mount", "--propagation", "private", "--",
-                "/bin/sh", "-ec", script, "ale-chroot", str(self.rootfs),
-                "/usr/bin/env", "-i", *env_args, "/bin/sh", f"/{CHROOT_RECIPE}/{SETUP_SCRIPT}", phase,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "/bin/sh",
+                "-ec",
+                script,
+                "ale-chroot",
+                str(self.rootfs),
+                "/usr/bin/env",
+                "-i",
+                *env_args,
+                "/bin/sh",
+                f"/{CHROOT_RECIPE}/{SETUP_SCRIPT}",
+                phase,
             ],
         )
 
@@ -460,7 +488,7 @@ class _Builder:
             "name": self.name,
             "hash": self.hash[:12],
             "recipe_hash": self.hash,
-            "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "built_at": utc_now("seconds"),
             "build_seconds": round(seconds, 1),
             "size_bytes": _tree_size(self.rootfs),
             "computer_server_version": _server_version(self.rootfs),

@@ -8,12 +8,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 from pathlib import Path
 
 
 def ale_home() -> Path:
     return Path(os.environ.get("ALE_IAC_HOME") or Path.home() / ".ale-iac").expanduser()
+
+
+def home_id() -> str:
+    """Six hex digits naming this ale-iac home on this host. Ephemeral stack names carry it
+    (``run-<id>-...``, ``sbx-<id>-...``), so that ``gc`` and ``sandbox destroy --all`` act only on what
+    this home made, even when several homes share one Pulumi backend (``PULUMI_BACKEND_URL``)."""
+    where = f"{socket.gethostname()}:{ale_home().resolve()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:6]
 
 
 def cache_root() -> Path:

@@ -12,19 +12,18 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
-from ale_iac.contract import OsName, SandboxPaths
-from ale_iac.errors import ConfigError, format_validation_error, yaml_error
+from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, SandboxPaths, Shape
+from ale_iac.errors import ConfigError, read_yaml, validate
+from ale_iac.paths import project_root
 
 CONFIG_NAMESPACE = "ale-iac"
 PROFILE_KEY = f"{CONFIG_NAMESPACE}:profile"
 POOL_KEY = f"{CONFIG_NAMESPACE}:pool"
-PROVIDER_KINDS = frozenset({"local", "static", "gcloud", "aws", "aliyun"})
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
@@ -39,31 +38,6 @@ class CleanupMode(StrEnum):
     DESTROY = "destroy"
     RETAIN = "retain"
     RETAIN_ON_FAILURE = "retain-on-failure"
-
-
-class Shape(StrictModel):
-    """Resource hints from a task card. Each provider translates what it can and records the rest."""
-
-    vcpus: int | None = Field(default=None, ge=1, le=1024, description="Virtual CPUs.")
-    memory_gb: float | None = Field(default=None, gt=0, le=16384, description="Memory in GiB.")
-    disk_gb: int | None = Field(default=None, ge=1, le=65536, description="Boot disk size in GiB.")
-    gpu: str | None = Field(default=None, description="GPU kind, e.g. nvidia-l4; None for no GPU.")
-    machine_type: str | None = Field(default=None, description="Explicit machine type; wins over the rest.")
-
-    def over(self, base: Shape) -> Shape:
-        """This shape's set fields on top of ``base`` (task hints override profile defaults)."""
-        merged = base.model_dump()
-        merged.update({k: v for k, v in self.model_dump().items() if v is not None})
-        return Shape(**merged)
-
-
-LINUX_DESKTOP_PATHS = SandboxPaths(
-    home="/root",
-    work_dir_base="/root/.ale",
-    task_data_root="/data/tasks",
-    python="/usr/bin/python3",
-)
-"""Path conventions of the ``desktop`` image built from ``images/desktop``."""
 
 
 class LocalRoute(StrictModel):
@@ -97,10 +71,19 @@ class StaticRoute(StrictModel):
         return self
 
 
-Route = Annotated[
-    LocalRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute,
-    Field(discriminator="provider"),
-]
+AnyRoute = LocalRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
+"""The provider kinds: one route model each. The kind names and the declaring modules
+(``ale_iac.infra.<kind>``) derive from it; a new kind is a route model here plus that module."""
+Route = Annotated[AnyRoute, Field(discriminator="provider")]
+
+
+def _kind_of(route_type: type[BaseModel]) -> str:
+    kind: str = get_args(route_type.model_fields["provider"].annotation)[0]
+    return kind
+
+
+ROUTE_TYPES: tuple[type[BaseModel], ...] = get_args(AnyRoute)
+PROVIDER_KINDS: tuple[str, ...] = tuple(_kind_of(route) for route in ROUTE_TYPES)
 
 
 class Profile(StrictModel):
@@ -124,9 +107,7 @@ class Profile(StrictModel):
             )
         return self
 
-    def route(
-        self, snapshot: str | None
-    ) -> tuple[str, LocalRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute]:
+    def route(self, snapshot: str | None) -> tuple[str, AnyRoute]:
         """The (snapshot, route) serving ``snapshot``; falls back to the default snapshot."""
         name = snapshot or self.default_snapshot
         if name is None:
@@ -143,9 +124,6 @@ class Profile(StrictModel):
                 f"no route for snapshot {name!r} (routes: {', '.join(sorted(self.snapshots))})",
             )
         return name, self.snapshots[name]
-
-    def providers(self) -> set[str]:
-        return {route.provider for route in self.snapshots.values()}
 
 
 class PoolSpec(StrictModel):
@@ -166,16 +144,10 @@ def parse_profile(data: Any, source: str | Path, pool_data: Any = None) -> Loade
     """Validate a profile mapping (the value of ``ale-iac:profile``)."""
     if not isinstance(data, dict):
         raise ConfigError(source, PROFILE_KEY, "must be a mapping")
-    try:
-        profile = Profile.model_validate(data)
-    except ValidationError as exc:
-        raise format_validation_error(source, exc, PROFILE_KEY, drop=PROVIDER_KINDS) from None
+    profile = validate(Profile, data, source, PROFILE_KEY, drop=frozenset(PROVIDER_KINDS))
     pool = None
     if pool_data is not None:
-        try:
-            pool = PoolSpec.model_validate(pool_data)
-        except ValidationError as exc:
-            raise format_validation_error(source, exc, POOL_KEY) from None
+        pool = validate(PoolSpec, pool_data, source, POOL_KEY)
         if pool.snapshot is not None:
             try:
                 profile.route(pool.snapshot)
@@ -186,12 +158,7 @@ def parse_profile(data: Any, source: str | Path, pool_data: Any = None) -> Loade
 
 def load_profile_file(path: Path) -> LoadedProfile:
     """Read a Pulumi stack config file and validate its ``ale-iac:*`` keys."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(path, "", "file not found") from None
-    except yaml.YAMLError as exc:
-        raise yaml_error(path, exc) from None
+    doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ConfigError(path, "config", "a stack config file needs a 'config:' mapping")
     config = doc["config"]
@@ -207,7 +174,7 @@ def load_profile_file(path: Path) -> LoadedProfile:
 
 def stacks_dir() -> Path:
     """The project's ``stacks/`` folder (next to Pulumi.yaml), where shipped profiles live."""
-    return Path(__file__).resolve().parent.parent / "stacks"
+    return project_root() / "stacks"
 
 
 def resolve_profile(name_or_path: str) -> LoadedProfile:

@@ -10,22 +10,26 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from ale_iac.contract import UNITS_OUTPUT, parse_units
+from ale_iac.contract import UNITS_OUTPUT, UnitSpec, parse_units
 from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
-from ale_iac.infra import UnitSpec
 from ale_iac.infra.program import inline_program
+from ale_iac.paths import home_id
 from ale_iac.profile import LocalRoute, Profile
 from ale_iac.sandbox.handle import SandboxHandle
 
-EPHEMERAL_PREFIXES = ("sbx-", "run-")
 UNIT_NAME = "u0"
 
 
 def new_stack_name(prefix: str, *parts: str) -> str:
-    """``<prefix>-<parts>-<random>``, within Pulumi's stack-name charset."""
+    """``<prefix>-<home id>-<parts>-<random>``, within Pulumi's stack-name charset."""
     clean = ["".join(c if c.isalnum() or c in "-_." else "-" for c in p)[:40] for p in parts if p]
-    return "-".join([prefix, *clean, secrets.token_hex(3)])
+    return "-".join([prefix, home_id(), *clean, secrets.token_hex(3)])
+
+
+def made_here(stack: str, prefix: str) -> bool:
+    """Whether ``stack`` is an ephemeral stack of kind ``prefix`` (``run``, ``sbx``) that this home made."""
+    return stack.startswith(f"{prefix}-{home_id()}-")
 
 
 def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) -> None:

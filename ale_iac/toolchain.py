@@ -3,6 +3,10 @@
 Search order for the CLI: ``ALE_IAC_PULUMI`` (a path to the binary), ``pulumi`` on ``PATH``, then the
 newest toolchain that ``scripts/build-pulumi.sh`` built into the cache
 (``<cache>/toolchain/pulumi-v<version>/bin``).
+
+The version pins (the CLI that build-pulumi.sh builds, the oldest CLI accepted, ...) live in one
+file at the root of the checkout, ``versions.env``, which build-pulumi.sh sources and :func:`pins`
+reads. ale-iac runs from its checkout (``pip install -e .``), so the file is found from this package.
 """
 
 from __future__ import annotations
@@ -16,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ale_iac.errors import AleIacError
-from ale_iac.paths import cache_root
+from ale_iac.paths import cache_root, project_root
 
-MIN_VERSION = (3, 181, 0)
-"""Inline-program destroy and refresh need at least this CLI (the Automation API refuses older)."""
+VERSIONS_FILE_NAME = "versions.env"
 
-INSTALL_HINT = (
-    "run ./scripts/setup.sh (it builds a pinned Pulumi CLI from the Go module proxy; needs Go), "
-    "or install the Pulumi CLI >= 3.181 (https://www.pulumi.com/docs/install/) and put it on PATH"
-)
+# What bash's `source` and parse_versions() both read the same way: NAME=value, the value without
+# quotes, blanks or expansions; whole-line comments and blank lines.
+_VERSIONS_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9._+-]*)")
 
 
 class PulumiNotFoundError(AleIacError):
@@ -33,6 +35,86 @@ class PulumiNotFoundError(AleIacError):
 
 class PulumiTooOldError(AleIacError):
     """A Pulumi CLI was found but cannot run inline destroy/refresh."""
+
+
+class VersionsFileError(AleIacError):
+    """versions.env is missing or not in the NAME=value form that bash and Python both read."""
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The toolchain pins of versions.env."""
+
+    pulumi: str
+    """PULUMI_VERSION: the CLI that scripts/build-pulumi.sh builds (``ALE_IAC_PULUMI_VERSION`` overrides it there)."""
+    pulumi_min: str
+    """PULUMI_MIN_VERSION: the oldest CLI accepted (inline-program destroy and refresh need it)."""
+    go_min: str
+    """GO_MIN_VERSION: the Go that the pinned CLI's pkg/go.mod asks for."""
+
+    @property
+    def pulumi_min_tuple(self) -> tuple[int, int, int]:
+        parsed = parse_version(self.pulumi_min)
+        if parsed is None:  # read_pins() lets no such value through
+            raise VersionsFileError(f"{VERSIONS_FILE_NAME}: PULUMI_MIN_VERSION={self.pulumi_min} is not x.y.z")
+        return parsed
+
+
+_PIN_KEYS = {"pulumi": "PULUMI_VERSION", "pulumi_min": "PULUMI_MIN_VERSION", "go_min": "GO_MIN_VERSION"}
+
+
+def versions_file() -> Path:
+    """The checkout's versions.env (next to pyproject.toml)."""
+    return project_root() / VERSIONS_FILE_NAME
+
+
+def parse_versions(text: str, source: str = VERSIONS_FILE_NAME) -> dict[str, str]:
+    """The NAME=value assignments of a versions file; anything bash might read differently is an error."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _VERSIONS_LINE.fullmatch(line)
+        if match is None:
+            raise VersionsFileError(
+                f"{source}:{number}: {raw!r} is not NAME=value (a value of letters, digits and ._+- only, "
+                "so that bash and Python read it alike)"
+            )
+        values[match[1]] = match[2]
+    return values
+
+
+def read_pins(path: Path) -> Pins:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise VersionsFileError(
+            f"cannot read {path} ({exc.strerror}): ale-iac runs from its checkout (pip install -e .)"
+        ) from exc
+    values = parse_versions(text, str(path))
+    missing = [key for key in _PIN_KEYS.values() if not values.get(key)]
+    if missing:
+        raise VersionsFileError(f"{path} sets no {', '.join(missing)}")
+    result = Pins(**{field: values[key] for field, key in _PIN_KEYS.items()})
+    for field in ("pulumi", "pulumi_min"):
+        if parse_version(getattr(result, field)) is None:
+            raise VersionsFileError(f"{path}: {_PIN_KEYS[field]}={getattr(result, field)} is not a version x.y.z")
+    return result
+
+
+@functools.lru_cache(maxsize=1)
+def pins() -> Pins:
+    """The pins of the checkout's versions.env (read once)."""
+    return read_pins(versions_file())
+
+
+def install_hint() -> str:
+    p = pins()
+    return (
+        f"run ./scripts/setup.sh (it builds the pinned Pulumi CLI v{p.pulumi} from the Go module proxy; needs Go), "
+        f"or install the Pulumi CLI >= {p.pulumi_min} (https://www.pulumi.com/docs/install/) and put it on PATH"
+    )
 
 
 @dataclass(frozen=True)
@@ -88,7 +170,7 @@ def _sibling(pulumi: Path, name: str) -> Path | None:
 def probe(pulumi: Path) -> Toolchain:
     """Run ``pulumi version`` on one binary and describe the toolchain around it."""
     if not pulumi.exists():
-        raise PulumiNotFoundError(f"Pulumi CLI not found at {pulumi}: {INSTALL_HINT}")
+        raise PulumiNotFoundError(f"Pulumi CLI not found at {pulumi}: {install_hint()}")
     try:
         out = subprocess.run(
             [str(pulumi), "version"],
@@ -99,15 +181,15 @@ def probe(pulumi: Path) -> Toolchain:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
-        raise PulumiNotFoundError(f"Pulumi CLI at {pulumi} does not run ({exc}): {INSTALL_HINT}") from exc
+        raise PulumiNotFoundError(f"Pulumi CLI at {pulumi} does not run ({exc}): {install_hint()}") from exc
     version = parse_version(out)
     if version is None:
         raise PulumiTooOldError(
-            f"Pulumi CLI at {pulumi} reports no version ({out!r}; built without the Version ldflag?): {INSTALL_HINT}"
+            f"Pulumi CLI at {pulumi} reports no version ({out!r}; built without the Version ldflag?): {install_hint()}"
         )
-    if version < MIN_VERSION:
+    if version < pins().pulumi_min_tuple:
         raise PulumiTooOldError(
-            f"Pulumi CLI at {pulumi} is {out}, older than the 3.181.0 ale-iac needs: {INSTALL_HINT}"
+            f"Pulumi CLI at {pulumi} is {out}, older than the {pins().pulumi_min} ale-iac needs: {install_hint()}"
         )
     return Toolchain(
         pulumi=pulumi.resolve(),
@@ -133,4 +215,4 @@ def find_toolchain() -> Toolchain:
     if too_old is not None:
         raise too_old
     where = f" (tried {', '.join(tried)})" if tried else ""
-    raise PulumiNotFoundError(f"Pulumi CLI not found{where}: {INSTALL_HINT}")
+    raise PulumiNotFoundError(f"Pulumi CLI not found{where}: {install_hint()}")

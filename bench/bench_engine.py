@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = str(REPO)
 
 from ale_iac.engine import Engine  # noqa: E402
-from tests.engine_support import marker_program  # noqa: E402
+from tests.support.engine import marker_program  # noqa: E402
 
 
 def _empty() -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from ale_iac import procs
 from ale_iac.images import ImageInfo, build_image
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
@@ -133,8 +134,8 @@ def idle_rss(image: ImageInfo, home: Path, settle_s: float) -> tuple[int, dict[s
     try:
         time.sleep(settle_s)  # let the server finish its startup work: this measures an idle sandbox
         pids = local_runtime.sandbox_pids(state)
-        per_process = {f"{process_name(pid)} ({pid})": local_runtime.rss_bytes([pid]) for pid in pids}
-        return local_runtime.rss_bytes(pids), per_process
+        per_process = {f"{process_name(pid)} ({pid})": procs.rss_bytes([pid]) for pid in pids}
+        return procs.rss_bytes(pids), per_process
     finally:
         local_runtime.stop(state.sandbox_id, home=home)
 
@@ -198,8 +199,10 @@ def main() -> int:
         shutil.rmtree(home, ignore_errors=True)
 
     print()
-    print(f"image {image.ref}: {image.size_bytes / 2**20:.0f} MiB, computer-server {image.computer_server_version}; "
-          f"host {os.cpu_count()} CPUs")
+    print(
+        f"image {image.ref}: {image.size_bytes / 2**20:.0f} MiB, computer-server {image.computer_server_version}; "
+        f"host {os.cpu_count()} CPUs"
+    )
     print(f"host load average (1 min) before/after the sandbox runs: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}")
     print("| measurement (seconds)                        |     p50 |     p95 |     min |     max |   n |")
     print("|----------------------------------------------|---------|---------|---------|---------|-----|")

@@ -16,8 +16,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ale_iac.contract import UnitSpec
 from ale_iac.engine import Engine
-from ale_iac.infra import UnitSpec
 from ale_iac.profile import resolve_profile
 from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
 from ale_iac.sandbox.readiness import wait_ready

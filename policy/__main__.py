@@ -1,6 +1,6 @@
 """Entry point of the ale-iac policy pack (``pulumi preview --policy-pack policy``).
 
-The policies are defined, documented and tested in ``ale_iac.policy``; this file only serves them.
+The policies are defined, documented and tested in ``ale_iac.infra.policy``; this file only serves them.
 """
 
 import sys
@@ -9,6 +9,6 @@ from pathlib import Path
 # Works from a checkout even when the pack's virtualenv lacks an installed ale-iac.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ale_iac.policy import serve
+from ale_iac.infra.policy import serve
 
 serve()

@@ -9,8 +9,11 @@
 # Idempotent and safe to rerun: a complete cached build returns in well under a
 # second, and concurrent runs are serialised with flock.
 #
+# Versions: PULUMI_VERSION, PULUMI_MIN_VERSION and GO_MIN_VERSION come from versions.env at the
+# root of the checkout (also read by ale_iac/toolchain.py).
+#
 # Environment:
-#   ALE_IAC_PULUMI_VERSION       Pulumi version to build (default below)
+#   ALE_IAC_PULUMI_VERSION       Pulumi version to build (default: PULUMI_VERSION of versions.env)
 #   ALE_IAC_CACHE                cache root (default ${XDG_CACHE_HOME:-~/.cache}/ale-iac)
 #   ALE_IAC_FORCE_PULUMI_BUILD=1 ignore a `pulumi` on PATH and any cached build
 #   ALE_IAC_GOCACHE              if set, use $ALE_IAC_GOCACHE/{mod,build} as GOMODCACHE
@@ -24,10 +27,13 @@
 #                                `python3` from PATH.
 #
 # Language host: the Go `pulumi-language-python` is a module of its own that the module
-# proxy may refuse to serve (403). Then scripts/pulumi-language-python, a Python
-# implementation of the same gRPC service, is installed as bin/pulumi-language-python
-# with its shebang pointed at ALE_IAC_LANGUAGE_HOST_PYTHON; every run (cached ones too)
-# re-installs it when the rendered script differs from the installed one.
+# proxy may refuse to serve (403). Then ale-iac's Python implementation of the same gRPC
+# service (ale_iac/langhost.py) stands in: its launcher scripts/pulumi-language-python is
+# installed as bin/pulumi-language-python with its shebang pointed at
+# ALE_IAC_LANGUAGE_HOST_PYTHON and this checkout's path and the CLI version filled in; every
+# run (cached ones too) re-installs it when the rendered launcher differs from the installed
+# one. The launcher imports ale_iac.langhost from this checkout, so edits to that module take
+# effect without a reinstall.
 #
 # Why a wrapper module: `go install pkg@version` refuses modules whose go.mod has
 # replace directives, and pkg/go.mod has some. So each binary is built from a
@@ -36,14 +42,18 @@
 # only make sense inside the pulumi/pulumi checkout and are dropped).
 set -euo pipefail
 
-PULUMI_VERSION="${ALE_IAC_PULUMI_VERSION:-3.274.1}"
+ROOT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VERSIONS_FILE="$ROOT_DIR/versions.env"
+[ -f "$VERSIONS_FILE" ] || { printf '[build-pulumi] ERROR: no %s\n' "$VERSIONS_FILE" >&2; exit 1; }
+# The pins: PULUMI_VERSION (the CLI to build), PULUMI_MIN_VERSION (the oldest CLI accepted from
+# PATH) and GO_MIN_VERSION (only quoted in the "install Go" message).
+# shellcheck source=../versions.env
+. "$VERSIONS_FILE"
+for pin in PULUMI_VERSION PULUMI_MIN_VERSION GO_MIN_VERSION; do
+    [ -n "${!pin:-}" ] || { printf '[build-pulumi] ERROR: %s sets no %s\n' "$VERSIONS_FILE" "$pin" >&2; exit 1; }
+done
+PULUMI_VERSION="${ALE_IAC_PULUMI_VERSION:-$PULUMI_VERSION}"
 PULUMI_VERSION="${PULUMI_VERSION#v}"
-# Oldest CLI we accept from PATH: inline-program refresh/destroy in the Python
-# Automation API need >= 3.181 (pulumi.automation _check_inline_support).
-MIN_SYSTEM_PULUMI="3.181.0"
-# Go version that pkg/go.mod of the default PULUMI_VERSION asks for; only used
-# in the "install Go" message before that go.mod has been read.
-GO_MIN_HINT="1.26.6"
 
 PKG_MOD="github.com/pulumi/pulumi/pkg/v3"
 SDK_MOD="github.com/pulumi/pulumi/sdk/v3"
@@ -58,8 +68,10 @@ BIN_DIR="$FINAL_DIR/bin"
 # Written instead of the language host when it cannot be built, so that reruns
 # stay fast; ALE_IAC_FORCE_PULUMI_BUILD=1 retries.
 HOST_MISSING_NOTE="LANGUAGE_HOST_MISSING.txt"
-# The Python stand-in for the Go language host, kept next to this script.
-PY_HOST_SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pulumi-language-python"
+# The Python stand-in for the Go language host: the launcher installed as
+# bin/pulumi-language-python, and the module it runs.
+PY_HOST_LAUNCHER="$ROOT_DIR/scripts/pulumi-language-python"
+PY_HOST_MODULE="$ROOT_DIR/ale_iac/langhost.py"
 
 log() { printf '[build-pulumi] %s\n' "$*" >&2; }
 warn() { printf '[build-pulumi] WARNING: %s\n' "$*" >&2; }
@@ -113,9 +125,10 @@ cached_ok() {
 # is_py_host FILE: FILE is the Python stand-in (a script), not a Go-built host (ELF).
 is_py_host() { [ -f "$1" ] && [ "$(head -c 2 "$1")" = "#!" ]; }
 
-# set_buildinfo DIR KEY=VALUE...: replace those keys in DIR/BUILDINFO (atomic rewrite).
+# set_buildinfo DIR KEY=VALUE...: replace those keys in DIR/BUILDINFO (atomic rewrite), and drop
+# the obsolete language_host_script_sha256 (of the host script that the launcher replaced).
 set_buildinfo() {
-    local dir="$1" kv keys="" tmp
+    local dir="$1" kv keys="|language_host_script_sha256" tmp
     shift
     for kv in "$@"; do keys="$keys|${kv%%=*}"; done
     tmp="$(mktemp "$dir/.BUILDINFO.XXXXXX")"
@@ -124,15 +137,22 @@ set_buildinfo() {
     mv -f "$tmp" "$dir/BUILDINFO"
 }
 
-# install_py_host DIR: install or refresh DIR/bin/pulumi-language-python from
-# $PY_HOST_SCRIPT, unless DIR holds a Go-built host. A few ms when up to date.
+# py_str S: S as a Python string literal (for the constants of the launcher).
+py_str() {
+    local s="${1//\\/\\\\}"
+    s="${s//\"/\\\"}"
+    printf '"%s"' "$s"
+}
+
+# install_py_host DIR: install or refresh DIR/bin/pulumi-language-python, the launcher of
+# ale_iac/langhost.py, unless DIR holds a Go-built host. A few ms when up to date.
 install_py_host() {
     local dir="$1" dest="$1/bin/pulumi-language-python" py shebang
     if [ -e "$dest" ] && ! is_py_host "$dest"; then
         return 0
     fi
-    if [ ! -f "$PY_HOST_SCRIPT" ]; then
-        warn "no $PY_HOST_SCRIPT to install as the language host"
+    if [ ! -f "$PY_HOST_LAUNCHER" ] || [ ! -f "$PY_HOST_MODULE" ]; then
+        warn "no $PY_HOST_LAUNCHER or $PY_HOST_MODULE to install as the language host"
         return 0
     fi
     py="${ALE_IAC_LANGUAGE_HOST_PYTHON:-}"
@@ -151,7 +171,13 @@ install_py_host() {
     PY_HOST_TMP="$(mktemp "$dir/bin/.pulumi-language-python.XXXXXX")"
     {
         printf '%s\n' "$shebang"
-        sed -e 1d -e "s/^HOST_VERSION = .*/HOST_VERSION = \"$PULUMI_VERSION\"/" "$PY_HOST_SCRIPT"
+        # ENVIRON, not -v: awk would interpret backslashes in -v values.
+        ROOT_LITERAL="$(py_str "$ROOT_DIR")" VERSION_LITERAL="$(py_str "$PULUMI_VERSION")" awk '
+            NR == 1 { next }
+            /^ALE_IAC_ROOT = / { print "ALE_IAC_ROOT = " ENVIRON["ROOT_LITERAL"]; next }
+            /^HOST_VERSION = / { print "HOST_VERSION = " ENVIRON["VERSION_LITERAL"]; next }
+            { print }
+        ' "$PY_HOST_LAUNCHER"
     } >"$PY_HOST_TMP"
     if cmp -s "$PY_HOST_TMP" "$dest"; then
         rm -f "$PY_HOST_TMP"
@@ -161,16 +187,17 @@ install_py_host() {
     chmod 0755 "$PY_HOST_TMP"
     # ${shebang#\#!} is unquoted on purpose: "/usr/bin/env python3" is two words.
     # shellcheck disable=SC2086
-    if ! ${shebang#\#!} -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("grpc", "pulumi", "google.protobuf")))' 2>/dev/null; then
+    if ! ${shebang#\#!} -c 'import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); sys.exit(not all(u.find_spec(m) for m in ("grpc", "pulumi", "google.protobuf", "ale_iac.langhost")))' "$ROOT_DIR" 2>/dev/null; then
         warn "${shebang#\#!} lacks the pulumi or grpcio package (or does not run): the language host will not start." \
             "Rerun with ALE_IAC_LANGUAGE_HOST_PYTHON=<venv>/bin/python (./scripts/setup.sh does)."
     fi
     mv -f "$PY_HOST_TMP" "$dest"
     PY_HOST_TMP=""
     set_buildinfo "$dir" "language_host=python-stand-in" \
-        "language_host_script_sha256=$(sha256sum "$PY_HOST_SCRIPT" | cut -c1-16)" \
+        "language_host_launcher_sha256=$(sha256sum "$dest" | cut -c1-16)" \
+        "language_host_module=$PY_HOST_MODULE" \
         "language_host_python=${shebang#\#!}"
-    log "installed $PY_HOST_SCRIPT as bin/pulumi-language-python (interpreter ${shebang#\#!})"
+    log "installed $PY_HOST_LAUNCHER as bin/pulumi-language-python (runs $PY_HOST_MODULE on ${shebang#\#!})"
 }
 
 report_cached() {
@@ -203,14 +230,14 @@ if [ "$FORCE" = 0 ] && command -v pulumi >/dev/null 2>&1; then
         "$TOOLCHAIN_DIR"/*) ;; # one of our own builds (other version): ignore
         *)
             sys_ver="$("$sys_pulumi" version 2>/dev/null | head -n1 || true)"
-            if [[ "$sys_ver" =~ ^v?[0-9]+\.[0-9]+\.[0-9]+ ]] && version_ge "$sys_ver" "$MIN_SYSTEM_PULUMI" \
+            if [[ "$sys_ver" =~ ^v?[0-9]+\.[0-9]+\.[0-9]+ ]] && version_ge "$sys_ver" "$PULUMI_MIN_VERSION" \
                 && [ -x "$sys_dir/pulumi-language-python" ] \
                 && [ -x "$sys_dir/pulumi-resource-pulumi-python" ]; then
                 log "using installed pulumi $sys_ver at $sys_pulumi (ALE_IAC_FORCE_PULUMI_BUILD=1 builds instead)"
                 printf '%s\n' "$sys_dir"
                 exit 0
             fi
-            log "ignoring installed pulumi at $sys_pulumi (version '${sys_ver:-?}'; need >= $MIN_SYSTEM_PULUMI" \
+            log "ignoring installed pulumi at $sys_pulumi (version '${sys_ver:-?}'; need >= $PULUMI_MIN_VERSION" \
                 "with pulumi-language-python and pulumi-resource-pulumi-python beside it)"
             ;;
     esac
@@ -219,8 +246,8 @@ fi
 # --- 3. Go toolchain. ---------------------------------------------------------
 no_toolchain() {
     die "no usable Pulumi toolchain: $1.
-    Install either Go >= ${2:-$GO_MIN_HINT} (https://go.dev/dl; put its bin/ on PATH) to let this
-    script build Pulumi v$PULUMI_VERSION, or the Pulumi CLI >= $MIN_SYSTEM_PULUMI
+    Install either Go >= ${2:-$GO_MIN_VERSION} (https://go.dev/dl; put its bin/ on PATH) to let this
+    script build Pulumi v$PULUMI_VERSION, or the Pulumi CLI >= $PULUMI_MIN_VERSION
     (https://www.pulumi.com/docs/install/) with pulumi-language-python and
     pulumi-resource-pulumi-python in the same directory as 'pulumi' on PATH.
     Then rerun: $0"
@@ -411,11 +438,11 @@ build_host() {
 }
 HOST_VERSION=""
 if ! build_host; then
-    warn "could not build pulumi-language-python; installing the Python stand-in $PY_HOST_SCRIPT instead."
+    warn "could not build pulumi-language-python; installing the Python stand-in ($PY_HOST_LAUNCHER, running $PY_HOST_MODULE) instead."
     warn "cause: $HOST_ERR"
     {
         echo "pulumi-language-python could not be built for Pulumi v$PULUMI_VERSION on $(date -u +%FT%TZ)."
-        echo "bin/pulumi-language-python is the Python stand-in (scripts/pulumi-language-python) instead."
+        echo "bin/pulumi-language-python is the Python stand-in instead: scripts/pulumi-language-python, which runs ale_iac/langhost.py."
         echo "Rerun with ALE_IAC_FORCE_PULUMI_BUILD=1 to retry (ALE_IAC_PULUMI_COMMIT=<commit of tag pkg/v$PULUMI_VERSION> may help)."
         echo
         echo "$HOST_ERR"

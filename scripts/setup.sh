@@ -2,7 +2,8 @@
 # One-time (and idempotent) setup of everything ale-iac needs on a Debian host, as root:
 #   1. Debian packages listed in scripts/apt-packages.txt
 #   2. the Python venv (.venv) with ale-iac and its dev tools
-#   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI >= 3.181, or one built and cached)
+#   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI that is new enough, else the pinned one
+#      built and cached; both versions are in versions.env)
 #   4. the `desktop` image (rootfs cached by recipe hash)
 # Every step is skipped when its result is already there, so a rerun takes seconds.
 set -euo pipefail
@@ -57,7 +58,8 @@ fi
 # -- 3. Pulumi toolchain -----------------------------------------------------------------------
 step "Pulumi toolchain"
 echo >&2
-# The Python language host stand-in (see build-pulumi.sh) runs on the venv, which has pulumi + grpc.
+# The Python language host stand-in (ale_iac/langhost.py, see build-pulumi.sh) runs on the venv, which has
+# pulumi + grpc and ale-iac itself.
 BIN_DIR=$(ALE_IAC_LANGUAGE_HOST_PYTHON="$VENV/bin/python" bash scripts/build-pulumi.sh)
 for tool in "$BIN_DIR"/pulumi*; do ln -sf "$tool" "$VENV/bin/$(basename "$tool")"; done
 step "Pulumi toolchain linked into .venv/bin"; done_step "$BIN_DIR"

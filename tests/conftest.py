@@ -2,8 +2,14 @@
 
 * Every test gets its own ale-iac home (state backend, logs, sandboxes), so tests never see the
   user's stacks or each other's.
-* The repo root is put on PYTHONPATH for child processes: dynamic providers defined in test modules
-  are pickled by reference, and the provider process Pulumi starts must be able to import them.
+* The repo root is put on PYTHONPATH for child processes: dynamic providers defined in test support
+  modules (``tests/support/engine.py``) are pickled by reference, and the provider process Pulumi
+  starts must be able to import them.
+* Precondition markers (``needs_root``, ``image``, ``engine``, ``sandbox``; see pyproject.toml and
+  ``tests/support/preconditions.py``): a test whose precondition this host lacks is skipped with the
+  reason, or fails when ``CI=true``. Tests with none of them get the ``fast`` marker: ``pytest -m fast``
+  is the fast lane.
+* Fixtures that start real sandboxes: ``tests/support/fixtures.py``.
 """
 
 from __future__ import annotations
@@ -14,9 +20,32 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import preconditions
+
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.sandbox_fixtures"]
+pytest_plugins = ["tests.support.fixtures"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: before the mark plugin deselects by ``-m``, so that ``-m fast`` sees the marker.
+    for item in items:
+        if not preconditions.markers_of(item):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # tryfirst: before any fixture is set up (a session sandbox, say) for a test that cannot run.
+    reasons = preconditions.missing(item)
+    if not reasons:
+        return
+    if preconditions.in_ci():
+        pytest.fail(
+            "precondition missing in CI (a test that never runs tests nothing): " + "; ".join(reasons), pytrace=False
+        )
+    pytest.skip("; ".join(reasons))
 
 
 @pytest.fixture(autouse=True)

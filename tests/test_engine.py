@@ -15,9 +15,7 @@ import pytest
 
 from ale_iac.engine import Engine, StackLockedError, StackNotFoundError, engine_message, sweep_orphan_providers
 from ale_iac.toolchain import PulumiNotFoundError, PulumiTooOldError, find_toolchain, probe
-from tests.engine_support import marker_program
-
-pytestmark = pytest.mark.engine
+from tests.support.engine import marker_program
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,6 +24,7 @@ def _work_dirs(engine: Engine) -> list[Path]:
     return list((engine.home / "work").iterdir())
 
 
+@pytest.mark.engine
 def test_dynamic_resource_stack_goes_up_exports_and_is_destroyed(tmp_path: Path) -> None:
     engine = Engine()
     target = tmp_path / "marker.txt"
@@ -48,6 +47,7 @@ def test_dynamic_resource_stack_goes_up_exports_and_is_destroyed(tmp_path: Path)
     assert _work_dirs(engine) == []
 
 
+@pytest.mark.engine
 def test_four_stacks_in_parallel_threads_keep_their_own_outputs(tmp_path: Path) -> None:
     engine = Engine()
 
@@ -64,6 +64,7 @@ def test_four_stacks_in_parallel_threads_keep_their_own_outputs(tmp_path: Path) 
     assert _work_dirs(engine) == []
 
 
+@pytest.mark.engine
 def test_up_failure_carries_the_engine_message(tmp_path: Path) -> None:
     engine = Engine()
 
@@ -81,12 +82,13 @@ DRIVER = textwrap.dedent(
     """
     import sys
     from ale_iac.engine import Engine
-    from tests.engine_support import marker_program
+    from tests.support.engine import marker_program
     Engine().up("t-killed", marker_program(sys.argv[1], "doomed", hold_s=120))
     """
 )
 
 
+@pytest.mark.engine
 def test_killed_up_leaves_a_locked_stack_that_recover_cleans(tmp_path: Path) -> None:
     target = tmp_path / "m"
     proc = subprocess.Popen(
@@ -143,6 +145,7 @@ def test_too_old_cli_is_refused(tmp_path: Path) -> None:
         probe(old)
 
 
+@pytest.mark.engine
 def test_real_cli_is_recent_enough() -> None:
     toolchain = find_toolchain()
     assert toolchain.dynamic_launcher is not None
@@ -157,6 +160,7 @@ def test_engine_message_keeps_error_lines() -> None:
     assert engine_message(FakeError()) == "error: the real reason"
 
 
+@pytest.mark.engine
 def test_pulumi_preview_on_the_project_with_a_shipped_stack(tmp_path: Path) -> None:
     """`pulumi preview` on Pulumi.yaml (the language host path) with the static stack's config."""
     engine = Engine()

@@ -3,7 +3,8 @@
 The builder tests run the real builder (chroot phases in private mount namespaces, the lock, the
 atomic rename, the manifest) on a tiny recipe whose debootstrap step is replaced by copying a
 minimal rootfs (dash, env, mkdir and their libraries), so they need neither network nor minutes.
-The ``desktop`` image itself is checked by the ``sandbox``-marked tests, which build it once.
+Building needs root (``needs_root``). The ``desktop`` image itself, which scripts/setup.sh builds, is
+checked by the ``image``-marked test.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def test_recipes_are_found_next_to_the_package() -> None:
     assert (images.recipes_dir() / "desktop" / "recipe.toml").is_file()
 
 
+@pytest.mark.needs_root
 def test_missing_debootstrap_is_named(tiny: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "debootstrap" else "/usr/bin/" + tool)
     with pytest.raises(AleIacError, match=r"debootstrap is not installed; run: apt-get install -y debootstrap"):
@@ -160,6 +162,7 @@ def test_missing_debootstrap_is_named(tiny: dict[str, object], monkeypatch: pyte
 # --- the builder ---------------------------------------------------------------------------------
 
 
+@pytest.mark.needs_root
 def test_build_caches_by_recipe_hash(tiny: dict[str, object]) -> None:
     cache = tiny["cache"]
     assert isinstance(cache, Path)
@@ -191,6 +194,7 @@ def test_build_caches_by_recipe_hash(tiny: dict[str, object]) -> None:
     assert len(tiny["debootstraps"]) == 1  # type: ignore[arg-type]
 
 
+@pytest.mark.needs_root
 def test_failed_build_leaves_nothing_behind(tiny: dict[str, object]) -> None:
     recipe, cache = tiny["recipe"], tiny["cache"]
     assert isinstance(recipe, Path) and isinstance(cache, Path)
@@ -207,6 +211,7 @@ def test_failed_build_leaves_nothing_behind(tiny: dict[str, object]) -> None:
     assert not mounts_under(cache)
 
 
+@pytest.mark.needs_root
 def test_interrupted_build_leftovers_are_removed(tiny: dict[str, object]) -> None:
     cache = tiny["cache"]
     assert isinstance(cache, Path)
@@ -218,6 +223,7 @@ def test_interrupted_build_leftovers_are_removed(tiny: dict[str, object]) -> Non
     assert image.rootfs.is_dir()
 
 
+@pytest.mark.needs_root
 def test_concurrent_builds_of_one_recipe_build_once(tiny: dict[str, object]) -> None:
     results: list[ImageInfo] = []
     errors: list[BaseException] = []
@@ -238,6 +244,7 @@ def test_concurrent_builds_of_one_recipe_build_once(tiny: dict[str, object]) -> 
     assert len(tiny["debootstraps"]) == 1  # type: ignore[arg-type]
 
 
+@pytest.mark.needs_root
 def test_forced_rebuild_replaces_the_image(tiny: dict[str, object]) -> None:
     first = build_image("tiny", log=lambda _line: None)
     marker = first.rootfs / "old-build"
@@ -265,6 +272,7 @@ def cli() -> typer.Typer:
     return app
 
 
+@pytest.mark.needs_root
 def test_cli_build_and_ls(tiny: dict[str, object]) -> None:
     runner = CliRunner()
     built = runner.invoke(cli(), ["images", "build", "tiny"])
@@ -292,7 +300,7 @@ def test_cli_build_and_ls(tiny: dict[str, object]) -> None:
 # --- the real desktop image ----------------------------------------------------------------------
 
 
-@pytest.mark.sandbox
+@pytest.mark.image
 def test_desktop_image_contents(desktop_image: ImageInfo) -> None:
     root = desktop_image.rootfs
     assert desktop_image.computer_server_version == "0.3.46"
@@ -301,8 +309,16 @@ def test_desktop_image_contents(desktop_image: ImageInfo) -> None:
     assert "XTerm*allowSendEvents: true" in (root / "etc/ale/Xresources").read_text()
     for folder in ("root/.ale", "data/tasks", "var/log/ale"):
         assert (root / folder).is_dir(), folder
-    for tool in ("usr/bin/python3", "usr/bin/Xvfb", "usr/bin/openbox", "usr/bin/xterm", "usr/bin/xrandr",
-                 "usr/bin/xclip", "usr/bin/xdotool", "opt/cua/bin/python"):
+    for tool in (
+        "usr/bin/python3",
+        "usr/bin/Xvfb",
+        "usr/bin/openbox",
+        "usr/bin/xterm",
+        "usr/bin/xrandr",
+        "usr/bin/xclip",
+        "usr/bin/xdotool",
+        "opt/cua/bin/python",
+    ):
         assert (root / tool).exists(), tool
     assert "trixie" in (root / "etc/os-release").read_text()
     assert not list((root / "var/lib/apt/lists").glob("*_Packages*"))

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from ale_iac.contract import Shape
 from ale_iac.errors import ConfigError
-from ale_iac.profile import Shape, load_profile_file, resolve_profile
+from ale_iac.profile import load_profile_file, resolve_profile
 
 
 def _write(tmp_path: Path, body: str) -> Path:

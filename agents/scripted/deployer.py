@@ -18,15 +18,20 @@ The preset's ``settings``::
     bridge_start_timeout_s: 60        # bridge start + initialize + list_tools (optional)
 
 String arguments (at any depth) are filled with variables: ``{task_data_root}``, ``{home}``,
-``{work_dir_base}`` (the sandbox's path conventions), the named groups of the plan's ``match``, and the
+``{work_dir_base}`` (the sandbox's path conventions), ``{task_id}``, ``{input_dir}``, ``{output_dir}``
+(the unit's task and its folders in the sandbox), the named groups of the plan's ``match``, and the
 ``save_as`` results of earlier steps (for ``run_command`` its stdout, stripped; otherwise the result
 text). Only ``{name}`` with a known name is replaced, so shell and awk braces pass through untouched;
 ``{{name}}`` gives a literal ``{name}``.
 
 A tool error fails the run, unless the step says ``expect_error: true`` (then a *success* fails it).
 Every call is recorded in ``scripted/calls.jsonl`` in the work dir (arguments, result text, is_error,
-duration); screenshots are saved as ``screenshots/step-<n>.png``; ``parse_artifacts`` turns the log
-into an ATIF trajectory.
+duration); screenshots are saved as ``screenshots/step-<n>.png``, ``<n>`` being the trajectory step
+that took them; ``parse_artifacts`` turns the log into an ATIF trajectory.
+
+Before any sandbox exists, ``validate_config`` checks the plans against the bridges' tool schemas:
+every step must name a tool of its bridge, with no unknown argument, every required one, and values
+of the schema's types.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TextIO
 
@@ -49,10 +55,17 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, PaginatedRequestParams, TextContent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ale_iac.agent import AgentRunResult, BaseAgentDeployer
-from ale_iac.errors import format_validation_error
-from ale_iac.executors import BridgeLaunch
-from ale_iac.runner.trajectory import AgentInfo, Trajectory, TrajectoryBuilder
+from ale_iac.agent import (
+    AgentConfig,
+    AgentInfo,
+    AgentRunResult,
+    BaseAgentDeployer,
+    BridgeLaunch,
+    ToolCatalog,
+    Trajectory,
+    TrajectoryBuilder,
+)
+from ale_iac.errors import ConfigError, format_validation_error
 
 AGENT_VERSION = "1"
 RAW_LOG = "scripted/calls.jsonl"
@@ -105,6 +118,60 @@ def parse_settings(source: str, settings: dict[str, Any]) -> ScriptedSettings:
         raise format_validation_error(source, exc, prefix="settings") from None
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def _type_ok(value: Any, schema: Mapping[str, Any]) -> bool:
+    """Whether ``value`` has one of the JSON types ``schema`` allows (anything, if it names none)."""
+    variants = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(variants, list):
+        return any(_type_ok(value, v) for v in variants if isinstance(v, Mapping))
+    kinds = schema.get("type")
+    if kinds is None:
+        return True
+    for kind in [kinds] if isinstance(kinds, str) else kinds:
+        if isinstance(value, bool) and kind in ("integer", "number"):
+            continue
+        if isinstance(value, _JSON_TYPES.get(kind, ())):
+            return True
+    return False
+
+
+def check_plans(settings: ScriptedSettings, tools: ToolCatalog) -> list[str]:
+    """What is wrong with the plans against the bridges' tools: unknown tools, unknown, missing or
+    mistyped arguments. Empty if nothing is."""
+    problems = []
+    for p, plan in enumerate(settings.plans):
+        for number, step in enumerate(plan.steps, start=1):
+            where = f"plans.{p}.steps.{number - 1}"
+            offered = tools.get(step.bridge, {})
+            schema = offered.get(step.tool)
+            if schema is None:
+                known = ", ".join(sorted(offered))
+                problems.append(f"{where}: the {step.bridge} bridge has no tool {step.tool!r} (it has: {known})")
+                continue
+            properties: Mapping[str, Any] = schema.get("properties", {})
+            for name in sorted(set(step.args) - set(properties)):
+                expected = ", ".join(sorted(properties)) or "none"
+                problems.append(f"{where}: {step.tool} has no argument {name!r} (expected: {expected})")
+            for name in schema.get("required", []):
+                if name not in step.args:
+                    problems.append(f"{where}: {step.tool} needs the argument {name!r}")
+            for name, value in step.args.items():
+                if name in properties and not _type_ok(value, properties[name]):
+                    wanted = properties[name].get("type") or "another type"
+                    problems.append(f"{where}: {step.tool} argument {name!r} must be {wanted}, not {value!r}")
+    return problems
+
+
 def fill(value: Any, variables: dict[str, str]) -> Any:
     """``value`` with ``{name}`` placeholders of known variables replaced, in strings at any depth."""
     if isinstance(value, str):
@@ -139,6 +206,16 @@ class ScriptedDeployer(BaseAgentDeployer):
 
     def _source(self) -> str:
         return f"agent {self.config.name}"
+
+    @classmethod
+    def validate_config(cls, config: AgentConfig, tools: ToolCatalog) -> None:
+        """The settings parse, and every plan step calls a real tool with valid arguments."""
+        source = config.source_dir and f"{config.source_dir}/preset.yaml"
+        settings = parse_settings(source or f"agent {config.name}", config.settings)
+        problems = check_plans(settings, tools)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ConfigError(f"agent {config.name}", "settings", problems[0] + more)
 
     # -- install ---------------------------------------------------------------------------------------
 
@@ -175,7 +252,13 @@ class ScriptedDeployer(BaseAgentDeployer):
                 patterns = ", ".join(repr(p.match) for p in self.settings.plans)
                 raise _PlanFailedError(f"no plan matches the prompt (plans tried: {patterns})")
             index, plan, match = selected
+            task = self.executor.task
             variables = {
+                **(
+                    {"task_id": task.task_id, "input_dir": task.input_dir, "output_dir": task.output_dir}
+                    if task
+                    else {}
+                ),
                 "task_data_root": self.executor.sandbox.paths.task_data_root.rstrip("/"),
                 "home": self.executor.sandbox.paths.home.rstrip("/"),
                 "work_dir_base": self.executor.sandbox.paths.work_dir_base.rstrip("/"),
@@ -276,7 +359,8 @@ class ScriptedDeployer(BaseAgentDeployer):
             elif isinstance(block, ImageContent):
                 ext = _IMAGE_EXTENSIONS.get(block.mime_type, "png")
                 suffix = "" if not screenshots else f"-{len(screenshots) + 1}"
-                relpath = f"{SCREENSHOT_DIR}/step-{number}{suffix}.{ext}"
+                # the trajectory's step: the prompt is step 1, call n is step n + 1
+                relpath = f"{SCREENSHOT_DIR}/step-{number + 1}{suffix}.{ext}"
                 try:
                     self._write_bytes(relpath, base64.b64decode(block.data, validate=True))
                 except (binascii.Error, ValueError) as exc:
@@ -330,7 +414,8 @@ class ScriptedDeployer(BaseAgentDeployer):
             agent=AgentInfo(name=self.config.name, version=f"scripted-{AGENT_VERSION}", model_name=None),
         )
         if "prompt" in start:
-            builder.add("user", str(start["prompt"]))
+            prompt = builder.add("user", str(start["prompt"]))
+            prompt.timestamp = str(start.get("t") or prompt.timestamp)  # when the agent got it, not now
         for call in (r for r in records if r.get("type") == "call"):
             extra: dict[str, Any] = {
                 "bridge": call.get("bridge"),

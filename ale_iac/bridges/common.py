@@ -160,6 +160,8 @@ class BridgeServer(MCPServer[Any]):
 
         super().__init__(name=name, instructions=instructions, version=__version__, tools=tools, log_level="WARNING")
         self._arg_names = {t.name: frozenset(t.parameters.get("properties", {})) for t in tools}
+        self.tool_schemas: dict[str, dict[str, Any]] = {t.name: t.parameters for t in tools}
+        """Each tool's argument schema, known without a sandbox (the runner checks presets against it)."""
 
     async def run_stdio_async(self) -> None:
         lowlevel = getattr(self, "_lowlevel_server", None)

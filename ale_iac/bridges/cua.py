@@ -2,8 +2,8 @@
 
 Coordinates are normalized to [0, 1000] on both axes and scaled to the real screen, whose size is fetched
 once per bridge process. Every action returns a one-line confirmation; agents take a screenshot to see the
-effect. Tool names, parameters, defaults and return texts are the contract of
-``shared/seeds/002_f54c5f7e8ebfd8bd.txt``.
+effect. Tool names, parameters, defaults and return texts are the contract of the MCP tools
+specification (listed in docs/bridges.md and encoded as data in tests/bridges/).
 """
 
 from __future__ import annotations

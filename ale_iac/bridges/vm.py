@@ -1,8 +1,8 @@
 """The vm bridge: CLI and system primitives of a sandbox over MCP.
 
 One-shot shell, text and binary files, the clipboard, and persistent PTY sessions. Tool names, parameters,
-defaults and return texts are the contract of ``shared/seeds/002_f54c5f7e8ebfd8bd.txt``; agents and prompts
-are written against them, so they change only with that document.
+defaults and return texts are the contract of the MCP tools specification (listed in docs/bridges.md and
+encoded as data in tests/bridges/); agents and prompts are written against them, so they change only with it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ale_iac import hostcheck
 from ale_iac.errors import AleIacError
+from ale_iac.substrates.local.runtime import host_checks as local_host_checks
 
 
 def doctor() -> None:
@@ -41,7 +42,7 @@ def doctor() -> None:
     subs.add_column("check")
     subs.add_column("ok")
     subs.add_column("detail")
-    for check in hostcheck.local_substrate_checks():
+    for check in local_host_checks():  # the very list the local runtime enforces
         subs.add_row(f"local: {check.name}", "yes" if check.ok else "[red]no[/red]", check.detail)
         if not check.ok:
             problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")

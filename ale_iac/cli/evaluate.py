@@ -16,11 +16,18 @@ def evaluate(
     profile: str = typer.Option(None, "--profile", help="Override the environment profile."),
     pool: str = typer.Option(None, "--pool", help="Lease units from this pool stack instead of creating stacks."),
     cleanup: CleanupMode = typer.Option(None, "--cleanup", help="destroy | retain | retain-on-failure."),
+    retain_below: float = typer.Option(
+        None, "--retain-below", help="Also retain the sandbox of any unit that scored below this (0..1)."
+    ),
     jobs: int = typer.Option(None, "-j", "--jobs", help="Units run at once."),
     out: Path = typer.Option(None, "--out", help="Output root for run records."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
 ) -> None:
-    """Run agents on tasks in ephemeral sandboxes, grade them, record everything, clean up."""
+    """Run agents on tasks in ephemeral sandboxes, grade them, record everything, clean up.
+
+    Exit code: 0 if every unit run succeeded (its agent completed and it was graded, whatever the
+    score), 1 if any did not, 130 if interrupted.
+    """
     from ale_iac.runner.experiment import load_experiment
     from ale_iac.runner.runner import exit_code, print_summary, run_experiment
 
@@ -28,6 +35,7 @@ def evaluate(
         "profile": profile,
         "pool": pool,
         "cleanup": cleanup.value if cleanup else None,
+        "retain_below": retain_below,
         "concurrency": jobs,
         "output_root": str(out.resolve()) if out else None,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -22,8 +23,8 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print the handle as JSON."),
 ) -> None:
     """Bring one unit up, wait until it is ready, print its handle. Failure leaves nothing behind."""
+    from ale_iac.contract import UnitSpec
     from ale_iac.engine import Engine
-    from ale_iac.infra import UnitSpec
     from ale_iac.profile import resolve_profile
     from ale_iac.provision import UNIT_NAME, destroy_stack, ensure_images, new_stack_name, up_unit
     from ale_iac.sandbox.readiness import wait_ready
@@ -43,12 +44,21 @@ def create(
         destroy_stack(engine, stack)
         raise
     err.print(f"ready in {report.seconds:.1f} s (computer-server {report.server_version})")
-    if as_json:
-        sys.stdout.write(json.dumps(handle.summary(), indent=2) + "\n")
-    else:
-        Console().print_json(data=handle.summary())
-    err.print(f"use it with: eval \"$(ale-iac sandbox env {stack})\"   (the endpoint and its token)")
+    sys.stdout.write(handle_text(handle.summary(), as_json))
+    err.print(f'use it with: eval "$(ale-iac sandbox env {stack})"   (the endpoint and its token)')
     err.print(f"destroy it with: ale-iac sandbox destroy {stack}")
+
+
+def handle_text(summary: dict[str, Any], as_json: bool) -> str:
+    """A handle for stdout: plain JSON with ``--json`` (for scripts), else one ``key: value`` a line."""
+    if as_json:
+        return json.dumps(summary, indent=2) + "\n"
+    width = max((len(k) for k in summary), default=0)
+    lines = []
+    for key, value in summary.items():
+        shown = value if isinstance(value, str) else json.dumps(value)
+        lines.append(f"{key + ':':<{width + 1}} {shown}")
+    return "\n".join(lines) + "\n"
 
 
 @sandbox_app.command("env")
@@ -87,7 +97,14 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
             units = engine.units(info.name)
         except AleIacError as exc:
             rows.append(
-                {"stack": info.name, "unit": "-", "endpoint": f"({exc})", "provider": "-", "locked": info.locked}
+                {
+                    "stack": info.name,
+                    "unit": "-",
+                    "run": "-",
+                    "endpoint": f"({exc})",
+                    "provider": "-",
+                    "locked": info.locked,
+                }
             )
             continue
         for name, unit in units.items():
@@ -95,35 +112,52 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
                 {
                     "stack": info.name,
                     "unit": name,
+                    "run": unit.labels.get("run", "-"),
                     "endpoint": unit.endpoint,
                     "provider": unit.provider,
                     "locked": info.locked,
                 }
             )
         if not units:
-            rows.append({"stack": info.name, "unit": "-", "endpoint": "-", "provider": "-", "locked": info.locked})
+            rows.append(
+                {"stack": info.name, "unit": "-", "run": "-", "endpoint": "-", "provider": "-", "locked": info.locked}
+            )
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table("stack", "unit", "provider", "endpoint", "locked")
+    table = Table("unit", "provider", "endpoint", "run", "locked")
+    table.add_column("stack", no_wrap=True, overflow="fold")  # the whole name: it is what destroy takes
     for row in rows:
-        table.add_row(*(str(row[k]) for k in ("stack", "unit", "provider", "endpoint")), "yes" if row["locked"] else "")
+        cells = (str(row[k]) for k in ("unit", "provider", "endpoint", "run"))
+        table.add_row(*cells, "yes" if row["locked"] else "", str(row["stack"]))
     Console().print(table)
 
 
 @sandbox_app.command("destroy")
 def destroy(
     stack: str = typer.Argument(None, help="Stack of the sandbox (as printed by `sandbox create`)."),
-    all_: bool = typer.Option(False, "--all", help="Destroy every sandbox made by `sandbox create`."),
+    all_: bool = typer.Option(
+        False, "--all", help="Destroy every sandbox `sandbox create` made from this ale-iac home (ALE_IAC_HOME)."
+    ),
+    run: str = typer.Option(None, "--run", help="Destroy every stack this run (a run id) retained."),
 ) -> None:
     """Destroy a sandbox's stack and remove it. Pools and runs are left alone by --all."""
     from ale_iac.engine import Engine
-    from ale_iac.provision import destroy_stack
+    from ale_iac.provision import destroy_stack, made_here
 
-    if bool(stack) == all_:
-        raise typer.BadParameter("give a STACK or --all (not both)")
+    if sum((bool(stack), all_, bool(run))) != 1:
+        raise typer.BadParameter("give one of STACK, --all or --run RUN_ID")
     engine = Engine()
-    targets = [i.name for i in engine.list_stacks() if i.name.startswith("sbx-")] if all_ else [stack]
+    if run:
+        from ale_iac.runner.gc import destroy_retained
+
+        destroyed = destroy_retained(engine, run)
+        for name in destroyed:
+            typer.echo(f"destroyed {name}")
+        if not destroyed:
+            typer.echo(f"run {run} retained nothing that is left")
+        return
+    targets = [i.name for i in engine.list_stacks() if made_here(i.name, "sbx")] if all_ else [stack]
     for name in targets:
         if destroy_stack(engine, name):
             typer.echo(f"destroyed {name}")

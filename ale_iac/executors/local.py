@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import time
@@ -12,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from ale_iac import procs
+from ale_iac.agent.config import BridgeKind
+from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
 from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
-from ale_iac.executors import BaseExecutor, BridgeKind, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
-
-_PR_SET_PDEATHSIG = 1
 
 
 class LocalExecutor(BaseExecutor):
@@ -49,7 +48,7 @@ class LocalExecutor(BaseExecutor):
                     cwd=self.work_dir,
                     env={**base_process_env(), **self.env, **(env or {})},
                     process_group=0,  # so a timeout or cancel can kill its whole process group
-                    preexec_fn=lambda: _die_with_parent(runner_pid),
+                    preexec_fn=lambda: procs.die_with_parent(runner_pid),  # no leaked agents
                 )
             )
             try:
@@ -111,20 +110,6 @@ class LocalExecutor(BaseExecutor):
 
     def exists(self, relpath: str) -> bool:
         return self._path(relpath).exists()
-
-
-# Loaded in the parent: dlopen in a forked child of a threaded process can deadlock.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent(runner_pid: int) -> None:
-    """In the child before exec: get SIGKILL when the runner dies, even by SIGKILL (no leaked agents).
-
-    If the runner died between fork and here, the death signal was already missed: exit instead.
-    """
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != runner_pid:
-        os._exit(1)
 
 
 def _kill_group(pid: int) -> None:

@@ -28,7 +28,8 @@ import pulumi
 import pulumi_alicloud as alicloud
 
 from ale_iac.cloud_routes import AliyunRoute
-from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.contract import UnitSpec
+from ale_iac.infra import DeclareContext
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
     LABEL_STACK,

@@ -29,7 +29,8 @@ import pulumi
 import pulumi_aws as aws
 
 from ale_iac.cloud_routes import AwsRoute
-from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.contract import UnitSpec
+from ale_iac.infra import DeclareContext
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
     LABEL_STACK,

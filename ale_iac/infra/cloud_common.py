@@ -30,22 +30,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ale_iac.contract import SandboxPaths, UnitOutputs
-from ale_iac.profile import LINUX_DESKTOP_PATHS
+from ale_iac.contract import paths_for as contract_paths_for
 
 if TYPE_CHECKING:
     import pulumi
 
     from ale_iac.cloud_routes import CloudRouteBase
-    from ale_iac.infra import DeclareContext, UnitSpec
-
-WINDOWS_DESKTOP_PATHS = SandboxPaths(
-    home="C:\\Users\\User",
-    work_dir_base="C:\\Users\\User\\.ale",
-    task_data_root="C:\\ale\\tasks",
-    python="C:\\ale-run\\.venv\\Scripts\\python.exe",
-)
-"""Path conventions for Windows images: the desktop user ``User`` (auto-logon), the computer-server's
-venv under ``C:\\ale-run`` (as in ALE's ale-win10 image), task data under ``C:\\ale\\tasks``."""
+    from ale_iac.contract import UnitSpec
+from ale_iac.infra import DeclareContext
 
 LABEL_RUN = "ale-run"
 LABEL_UNIT = "ale-unit"
@@ -141,10 +133,6 @@ class Expiry:
     def iso(self) -> str:
         return self.at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    @property
-    def ttl_minutes(self) -> int:
-        return max(1, self.ttl_seconds // 60)
-
 
 def expiry_for(ttl_hours: float) -> Expiry:
     """Deploy time (per :func:`now`, floored to the minute) plus the TTL."""
@@ -208,7 +196,7 @@ def identity_text(labels: Mapping[str, str]) -> str:
 def paths_for(route: CloudRouteBase) -> SandboxPaths:
     if route.paths is not None:
         return route.paths
-    return WINDOWS_DESKTOP_PATHS if route.os == "windows" else LINUX_DESKTOP_PATHS
+    return contract_paths_for(route.os)
 
 
 def split_ranges(ranges: list[str]) -> tuple[list[str], list[str]]:

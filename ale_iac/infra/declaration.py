@@ -10,31 +10,13 @@ module declare the unit's resources, and exports the handles under the ``units``
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ale_iac.contract import UNITS_OUTPUT
+from ale_iac.contract import UNITS_OUTPUT, UnitSpec
 from ale_iac.errors import ConfigError
-from ale_iac.profile import Profile, Shape
-
-_PROVIDER_MODULES = {
-    "local": "ale_iac.infra.local",
-    "static": "ale_iac.infra.static",
-    "gcloud": "ale_iac.infra.gcloud",
-    "aws": "ale_iac.infra.aws",
-    "aliyun": "ale_iac.infra.aliyun",
-}
-
-
-@dataclass(frozen=True)
-class UnitSpec:
-    """One sandbox to declare: its name in the stack, the snapshot it asks for, its shape."""
-
-    name: str
-    snapshot: str | None = None
-    shape: Shape = field(default_factory=Shape)
-    labels: Mapping[str, str] = field(default_factory=dict)
+from ale_iac.profile import PROVIDER_KINDS, Profile
 
 
 @dataclass(frozen=True)
@@ -53,11 +35,10 @@ class ProviderModule(Protocol):
 
 
 def provider_module(kind: str) -> ProviderModule:
-    try:
-        module_name = _PROVIDER_MODULES[kind]
-    except KeyError:
-        raise ConfigError("profile", "provider", f"unknown provider kind {kind!r}") from None
-    module: ProviderModule = importlib.import_module(module_name)
+    """The module that declares units of provider ``kind``: ``ale_iac.infra.<kind>``."""
+    if kind not in PROVIDER_KINDS:
+        raise ConfigError("profile", "provider", f"unknown provider kind {kind!r} (one of {', '.join(PROVIDER_KINDS)})")
+    module: ProviderModule = importlib.import_module(f"ale_iac.infra.{kind}")
     return module
 
 

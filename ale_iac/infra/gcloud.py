@@ -26,7 +26,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from ale_iac.cloud_routes import GcloudRoute
-from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.contract import UnitSpec
+from ale_iac.infra import DeclareContext
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
     digest,

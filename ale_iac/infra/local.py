@@ -20,15 +20,24 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
-from ale_iac.contract import UnitOutputs
+from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.images import require_image
-from ale_iac.infra import DeclareContext, UnitSpec
-from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute
+from ale_iac.infra import DeclareContext
+from ale_iac.profile import LocalRoute
 
 PROVIDER_KIND = "local"
 INPUT_KEYS = (
-    "name_prefix", "rootfs", "image", "screen_width", "screen_height", "allow_outbound",
-    "vcpus", "memory_gb", "disk_gb", "pids_limit", "labels",
+    "name_prefix",
+    "rootfs",
+    "image",
+    "screen_width",
+    "screen_height",
+    "allow_outbound",
+    "vcpus",
+    "memory_gb",
+    "disk_gb",
+    "pids_limit",
+    "labels",
 )
 """Inputs of a LocalSandbox; a change to any of them replaces the sandbox."""
 OUTPUT_KEYS = ("sandbox_id", "endpoint", "endpoint_token", "host_port", "supervisor_pid", "state_dir", "limits")

@@ -1,6 +1,6 @@
 """Pulumi mocks that record what a program declares: for tests, ``ale-iac plan`` and the bench.
 
-The rules of ``notes/pulumi.md`` §3.4 are built in:
+Rules that keep mocks honest are built in:
 
 * :class:`RecordingMocks` records ``(type, name, inputs)`` of every registration and **raises on a
   repeated (type, name)**, which the real engine rejects as a duplicate URN but plain mocks accept;

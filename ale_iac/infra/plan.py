@@ -13,7 +13,7 @@ Stability, so that a committed plan only changes when the program does:
 * resources are sorted by name; long texts (startup scripts) are printed once under ``blobs``
   and referenced by digest.
 
-The plan also runs the policy pack's checks (:mod:`ale_iac.policy`) on the recorded inputs.
+The plan also runs the policy pack's checks (:mod:`ale_iac.infra.policy`) on the recorded inputs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from ale_iac.cloud_routes import find_clear_credentials
-from ale_iac.errors import AleIacError, ConfigError
-from ale_iac.infra import UnitSpec
+from ale_iac.contract import UnitSpec
+from ale_iac.errors import AleIacError, ConfigError, read_yaml
 from ale_iac.infra.cloud_common import EXPIRY_FORMAT, use_clock
 from ale_iac.profile import LoadedProfile, resolve_profile, stacks_dir
 
@@ -119,7 +119,7 @@ def _check_credentials(loaded: LoadedProfile) -> None:
     path = Path(loaded.source)
     if not path.exists():
         return
-    doc = yaml.safe_load(path.read_text()) or {}
+    doc = read_yaml(path) or {}
     leaks = find_clear_credentials(doc.get("config") or {})
     if leaks:
         raise ConfigError(
@@ -194,7 +194,7 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
 
     from ale_iac.infra.declaration import declare
     from ale_iac.infra.mocks import RecordingMocks, run_program
-    from ale_iac.policy import check_resource
+    from ale_iac.infra.policy import check_resource
 
     _check_credentials(loaded)
     stack = stack or stack_name(loaded)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ale_iac.infra import UnitSpec, declare
+from ale_iac.contract import UnitSpec
+from ale_iac.infra import declare
 from ale_iac.profile import CONFIG_NAMESPACE, PoolSpec, Profile, parse_profile
 
 

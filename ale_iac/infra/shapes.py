@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ale_iac.contract import Shape
 from ale_iac.errors import AleIacError
-from ale_iac.profile import Shape
 
 if TYPE_CHECKING:
     from ale_iac.cloud_routes import CloudRouteBase
-    from ale_iac.infra.declaration import UnitSpec
+    from ale_iac.contract import UnitSpec
 
 
 class ShapeError(AleIacError):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ale_iac.contract import UnitSpec
 from ale_iac.errors import ConfigError
-from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.infra import DeclareContext
 from ale_iac.profile import StaticRoute
 
 

@@ -7,6 +7,7 @@
     profile: local                     # or pool: <stack> to lease units of a pool stack
     concurrency: 2
     cleanup: destroy                   # destroy | retain | retain-on-failure
+    retain_below: 0.5                  # also retain units that scored below this (optional)
     unit_timeout_s: 600
     output_root: runs
 
@@ -21,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ale_iac.agent import AgentConfig
-from ale_iac.errors import ConfigError, format_validation_error, yaml_error
+from ale_iac.errors import ConfigError, read_yaml, validate
 from ale_iac.paths import project_root
 from ale_iac.profile import CleanupMode
 from ale_iac.runner.tasks import CARD_NAME, Task, load_task, load_task_list
@@ -42,6 +42,12 @@ class ExperimentSpec(BaseModel):
     pool: str | None = Field(default=None, description="Lease units from this pool stack instead.")
     concurrency: int = Field(default=1, ge=1, le=256)
     cleanup: CleanupMode | None = Field(default=None, description="Default: the profile's mode.")
+    retain_below: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Also retain the sandbox of a unit that scored below this (or got no score).",
+    )
     unit_timeout_s: float = Field(default=900, gt=0, description="Agent time limit per unit.")
     output_root: str = Field(default="runs")
 
@@ -83,22 +89,37 @@ class Experiment:
         return (self.source.parent / self.spec.output_root).resolve()
 
     def fingerprint(self) -> str:
-        """What --resume compares: the spec (minus output and concurrency), agents and task cards."""
+        """What --resume compares, so that one run never mixes two graders or two agents: the spec
+        (minus output and concurrency), each agent preset and its deployer file, and each task's
+        whole folder (card, ``main.py`` hooks, inputs, hidden reference), by content."""
         data = {
             "spec": self.spec.model_dump(mode="json", exclude={"output_root", "concurrency"}),
-            "agents": [a.model_dump(mode="json", exclude={"source_dir"}) for a in self.agents],
-            "tasks": [t.card.model_dump(mode="json") for t in self.tasks],
+            "agents": [
+                {**a.model_dump(mode="json", exclude={"source_dir"}), "deployer_file": _deployer_digest(a)}
+                for a in self.agents
+            ],
+            "tasks": [{"card": t.card.model_dump(mode="json"), "files": folder_digest(t.folder)} for t in self.tasks],
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(path, "", "file not found") from None
-    except yaml.YAMLError as exc:
-        raise yaml_error(path, exc) from None
+def folder_digest(folder: Path) -> str:
+    """A hash of every file under ``folder`` (relative path and bytes), bytecode caches excepted."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _deployer_digest(agent: AgentConfig) -> str | None:
+    """The hash of a preset's ``file.py:Class`` deployer (a ``module:Class`` one is code of an installed package)."""
+    target = agent.deployer.rsplit(":", 1)[0]
+    path = Path(agent.source_dir) / target
+    if not target.endswith(".py") or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
@@ -109,13 +130,10 @@ def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
     path = next((c.resolve() for c in candidates if c.is_file()), None)
     if path is None:
         raise ConfigError(source, "agents", f"no agent preset {ref!r} (tried {', '.join(str(c) for c in candidates)})")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(path, "", "an agent preset must be a mapping")
-    try:
-        return AgentConfig.model_validate({**data, "source_dir": str(path.parent)})
-    except ValidationError as exc:
-        raise format_validation_error(path, exc) from None
+    return validate(AgentConfig, {**data, "source_dir": str(path.parent)}, path)
 
 
 def _task_folders(ref: str, base: Path, source: Path) -> list[Path]:
@@ -132,7 +150,7 @@ def _task_folders(ref: str, base: Path, source: Path) -> list[Path]:
 def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Experiment:
     """Read, override, validate. Every error names the file and the field."""
     path = path.resolve()
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(path, "", "an experiment must be a mapping")
     merged = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
@@ -140,10 +158,7 @@ def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Expe
         merged.pop("profile", None)
     if overrides and overrides.get("profile"):
         merged.pop("pool", None)
-    try:
-        spec = ExperimentSpec.model_validate(merged)
-    except ValidationError as exc:
-        raise format_validation_error(path, exc) from None
+    spec = validate(ExperimentSpec, merged, path)
     base = path.parent
     agents = [load_agent_preset(ref, base, path) for ref in spec.agents]
     names = [a.name for a in agents]

@@ -1,7 +1,7 @@
 """``ale-iac gc``: find what crashed runs left behind and destroy it.
 
-* ephemeral ``run-*`` stacks that no live run claims (the run was killed, even with SIGKILL) — not
-  the ones a run retained on purpose;
+* ephemeral ``run-*`` stacks of this home that no live run claims (the run was killed, even with
+  SIGKILL) — not the ones a run retained on purpose, nor other homes' (a shared backend);
 * local sandboxes whose stack is gone or no longer lists them (a create killed before Pulumi
   recorded it);
 * cloud units whose ``expires_at`` has passed are listed (their cloud-side TTL reaps the VMs; the
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
-from ale_iac.provision import destroy_stack
+from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.registry import read_claims, runs_dir
 
 
@@ -69,8 +69,10 @@ def collect(
             report.kept[name] = f"in use by live run {live[name]}"
         elif name in retained:
             report.kept[name] = f"retained by run {retained[name]}"
-        elif name.startswith("run-") or only_stack == name or (sandboxes and name.startswith("sbx-")):
+        elif made_here(name, "run") or only_stack == name or (sandboxes and made_here(name, "sbx")):
             orphan = True
+        elif name.startswith(("run-", "sbx-")) and not made_here(name, "sbx"):
+            report.kept[name] = "made by another ale-iac home (gc only removes what this home made)"
         else:
             report.kept[name] = "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
         if not orphan:
@@ -160,3 +162,16 @@ def _collect_local_sandboxes(
             report.sandboxes_stopped.append(state.sandbox_id)
         except Exception as exc:
             report.errors.append(f"sandbox {state.sandbox_id}: {exc}")
+
+
+def destroy_retained(engine: Engine, run_id: str) -> list[str]:
+    """``ale-iac sandbox destroy --run RUN_ID``: destroy every stack the run retained, then forget the
+    run. Returns the stacks destroyed (a stack already gone is skipped)."""
+    claim = next((c for c in read_claims() if c.run_id == run_id), None)
+    if claim is None:
+        raise AleIacError(f"no run {run_id!r} in {runs_dir()} (a run is listed there while it runs or retains stacks)")
+    if claim.alive:
+        raise AleIacError(f"run {run_id} is still running (pid {claim.pid})")
+    destroyed = [stack for stack in claim.retained if destroy_stack(engine, stack)]
+    (runs_dir() / f"{run_id}.json").unlink(missing_ok=True)
+    return destroyed

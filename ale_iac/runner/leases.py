@@ -1,19 +1,18 @@
 """Leasing units of a pool stack so two runs never share one.
 
 Each pool unit has a lock file ``<home>/leases/<stack>/<unit>.lock``; a run holds an exclusive
-``flock`` on it for as long as it uses the unit. The kernel drops the lock when the process dies, so
-a crashed run never leaves a unit leased.
+lock on it (``filelock``, an ``flock`` underneath) for as long as it uses the unit. The kernel drops
+the lock when the process dies, so a crashed run never leaves a unit leased.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home
@@ -23,34 +22,33 @@ from ale_iac.paths import ale_home
 class Lease:
     stack: str
     unit: str
-    fd: int
+    lock: FileLock | None
 
     def release(self) -> None:
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _try_lock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def try_lease(stack: str, units: Iterable[str]) -> Lease | None:
     folder = ale_home() / "leases" / stack
     folder.mkdir(parents=True, exist_ok=True)
     for unit in sorted(units):
-        fd = _try_lock(folder / f"{unit}.lock")
-        if fd is not None:
-            return Lease(stack=stack, unit=unit, fd=fd)
+        # thread_local=False: a lease is taken in the event loop and may be released from any thread.
+        # No soft-lock fallback (it would outlive a crash) and the file stays (unlinking a lock file on
+        # release lets two later holders lock two different files).
+        lock = FileLock(
+            folder / f"{unit}.lock",
+            mode=0o600,
+            thread_local=False,
+            fallback_to_soft=False,
+            preserve_lock_file=True,
+        )
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        return Lease(stack=stack, unit=unit, lock=lock)
     return None
 
 

@@ -1,63 +1,53 @@
-"""One unit, start to finish (DESIGN §2):
+"""One unit, start to finish:
 
-    route -> stack up (or lease a pool unit) -> handle -> readiness -> stage inputs + setup
+    provision (stack up, or lease a pool unit) -> readiness -> stage inputs + setup
       -> deployer: install -> launch(prompt) -> parse_artifacts -> stage reference -> evaluate
-      -> pull outputs -> record -> cleanup per mode (always, in a finally, also on cancel)
+      -> pull outputs -> record -> release per cleanup mode (always, in a finally, also on cancel)
 
-Every phase is timed into run.json and events.jsonl. A failure in any phase becomes the unit's
-status; nothing escapes without the cleanup having run.
+Every phase is timed into run.json and events.jsonl, and names the status the unit ends in if it
+fails (:meth:`_Unit.phase`). Nothing escapes without the release having run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from ale_iac.agent import AgentRunResult, load_deployer_class
-from ale_iac.engine import Engine
-from ale_iac.errors import AleIacError
-from ale_iac.executors import make_executor
-from ale_iac.infra import UnitSpec
-from ale_iac.profile import CleanupMode, Profile
-from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
-from ale_iac.runner import leases
+from ale_iac.agent import AgentRunResult, TaskPaths, load_deployer_class, make_executor
+from ale_iac.clock import utc_now
+from ale_iac.errors import AleIacError, one_line
+from ale_iac.profile import CleanupMode
+from ale_iac.runner import hook_output
 from ale_iac.runner.experiment import UnitPlan
-from ale_iac.runner.records import Redactor, UnitRecord, utc_now
+from ale_iac.runner.provisioners import RETAINED, Provisioner
+from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.registry import RunRegistry
-from ale_iac.runner.tasks import TaskSandbox, download_dir, upload_dir
+from ale_iac.runner.status import AGENT_OUTCOME, UnitStatus
+from ale_iac.runner.tasks import Task, download_dir, upload_dir
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
+from ale_iac.task import Evaluation, TaskSandbox
 
-T = TypeVar("T")
 HOOK_TIMEOUT_S = 300.0
-
-# Unit statuses, in the order a unit can reach them.
-PROVISION_FAILED = "provision_failed"
-NOT_READY = "not_ready"
-SETUP_FAILED = "setup_failed"
-AGENT_FAILED = "agent_failed"
-AGENT_TIMEOUT = "agent_timeout"
-EVAL_FAILED = "eval_failed"
-SUCCEEDED = "succeeded"
-INTERRUPTED = "interrupted"
+HOOKS_LOG = "hooks.log"
 
 
 @dataclass
 class RunContext:
     run_id: str
     run_dir: Path
-    engine: Engine | None
-    profile: Profile | None
-    pool: str | None
+    provisioner: Callable[[], Provisioner]
+    """A fresh provisioner for each unit."""
+    registry: RunRegistry
+    """The stacks this run claimed (what a second interrupt reports as left behind)."""
     cleanup: CleanupMode
     unit_timeout_s: float
-    registry: RunRegistry
     redactor: Redactor
     secrets_env: dict[str, str]
     on_phase: Callable[[str, str], None] = lambda unit, phase: None
@@ -69,7 +59,7 @@ class UnitOutcome:
     agent: str
     task: str
     repeat: int
-    status: str
+    status: UnitStatus
     score: float | None
     error: str | None
     stack: str | None
@@ -82,24 +72,6 @@ class UnitOutcome:
         return {k: v for k, v in self.__dict__.items() if k != "handle" or v is not None}
 
 
-async def _blocking(fn: Callable[..., T], *args: Any) -> T:
-    """Run an engine call in a thread. If cancelled, still wait for the thread to finish, so the
-    cleanup that follows never races a half-done ``pulumi up``."""
-    future = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await future
-        raise
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if not isinstance(exc, AleIacError) else first
-
-
 def build_prompt(instruction: str, sandbox: TaskSandbox) -> str:
     return (
         f"{instruction.strip()}\n\n"
@@ -108,204 +80,252 @@ def build_prompt(instruction: str, sandbox: TaskSandbox) -> str:
     )
 
 
+class _Unit:
+    """One unit while it runs: its record, status, score and error, and its phases."""
+
+    def __init__(self, plan: UnitPlan, ctx: RunContext) -> None:
+        self.plan, self.ctx = plan, ctx
+        self.record = UnitRecord(ctx.run_dir / plan.unit_id, ctx.redactor)
+        self.started = time.monotonic()
+        self.status = UnitStatus.RUNNING
+        self.score: float | None = None
+        self.error: str | None = None
+        self.agent_s = 0.0
+        task = plan.task
+        previous = self.record.previous_run()
+        self.attempt = int(previous.get("attempt", 1)) + 1 if previous else 1
+        if previous:
+            # --resume after a crash: the earlier attempt's events stay, this marks where the new one starts.
+            self.record.event(
+                "attempt",
+                attempt=self.attempt,
+                previous_status=previous.get("status"),
+                previous_stack=previous.get("stack"),
+            )
+        self.record.write_run(
+            unit_id=plan.unit_id,
+            attempt=self.attempt,
+            run_id=ctx.run_id,
+            agent=plan.agent.model_dump(mode="json", exclude={"source_dir"}),
+            task={"id": task.id, "folder": str(task.folder), "card": task.card.model_dump(mode="json")},
+            repeat=plan.repeat,
+            status=self.status,
+            started_at=utc_now(),
+            cleanup_mode=ctx.cleanup.value,
+        )
+
+    @contextlib.asynccontextmanager
+    async def phase(self, name: str, fails_as: UnitStatus) -> AsyncIterator[dict[str, Any]]:
+        """Time phase ``name`` into the record; if anything in it raises, the unit ends ``fails_as`` and
+        the phase is recorded ``ok: false`` with the error. Yields a dict for the details recorded with
+        the phase's end (``ok`` in it overrides the phase's ``ok``)."""
+        self.status = fails_as
+        self.record.phase_start(name)
+        self.ctx.on_phase(self.plan.unit_id, name)
+        details: dict[str, Any] = {}
+        try:
+            yield details
+        except asyncio.CancelledError:
+            self.record.phase_end(name, ok=False, **{**details, "error": "interrupted"})
+            raise
+        except Exception as exc:
+            self.record.phase_end(name, ok=False, **{**details, "error": one_line(exc)})
+            raise
+        ok = bool(details.pop("ok", True))
+        self.record.phase_end(name, ok=ok, **details)
+
+    def failed(self, exc: BaseException) -> None:
+        # An agent's own error (set before grading) stays first: it is why the unit ended this way.
+        self.error = one_line(exc) if self.error is None else f"{self.error}; then {one_line(exc)}"
+        self.record.event("error", status=self.status, error=self.error)
+
+    def interrupted(self) -> None:
+        self.status, self.error = UnitStatus.INTERRUPTED, "interrupted"
+        self.record.event("interrupted")
+
+    async def release(self, provisioner: Provisioner, handle: SandboxHandle | None) -> UnitOutcome:
+        self.record.phase_start("cleanup")
+        outcome = await provisioner.release(self.status, self.score)
+        self.record.phase_end("cleanup", outcome=outcome)
+        duration = round(time.monotonic() - self.started, 3)
+        self.record.write_run(
+            status=self.status,
+            score=self.score,
+            error=self.error,
+            stack=provisioner.stack,
+            cleanup={"mode": self.ctx.cleanup.value, "outcome": outcome},
+            finished_at=utc_now(),
+            duration_s=duration,
+            agent_s=round(self.agent_s, 3),
+        )
+        self.ctx.redactor.scrub_tree(self.record.folder)
+        self.record.close()
+        self.ctx.on_phase(self.plan.unit_id, "done")
+        return UnitOutcome(
+            unit_id=self.plan.unit_id,
+            agent=self.plan.agent.name,
+            task=self.plan.task.id,
+            repeat=self.plan.repeat,
+            status=self.status,
+            score=self.score,
+            error=self.error,
+            stack=provisioner.stack,
+            cleanup=outcome,
+            duration_s=duration,
+            agent_s=round(self.agent_s, 3),
+            handle=handle.summary() if handle is not None and outcome == RETAINED else None,
+        )
+
+
 async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
-    record = UnitRecord(ctx.run_dir / plan.unit_id, ctx.redactor)
-    task = plan.task
-    started = time.monotonic()
-    status, score, error = PROVISION_FAILED, None, None
-    stack: str | None = None
+    unit = _Unit(plan, ctx)
+    provisioner = ctx.provisioner()
     handle: SandboxHandle | None = None
-    lease: leases.Lease | None = None
-    agent_s = 0.0
-    cleanup_outcome = "nothing to clean"
-    record.write_run(
-        unit_id=plan.unit_id,
-        run_id=ctx.run_id,
-        agent=plan.agent.model_dump(mode="json", exclude={"source_dir"}),
-        task={"id": task.id, "folder": str(task.folder), "card": task.card.model_dump(mode="json")},
-        repeat=plan.repeat,
-        status="running",
-        started_at=utc_now(),
-        cleanup_mode=ctx.cleanup.value,
-    )
-
-    def phase(name: str) -> None:
-        record.phase_start(name)
-        ctx.on_phase(plan.unit_id, name)
-
     try:
-        # -- provision ------------------------------------------------------------------------
-        phase("provision")
-        if ctx.pool:
-            assert ctx.engine is not None
-            units = await ctx.engine.units_async(ctx.pool)
-            lease = await leases.lease(ctx.pool, units, ctx.unit_timeout_s)
-            handle = SandboxHandle.from_outputs(ctx.pool, units[lease.unit])
-            record.event("leased", stack=ctx.pool, unit=lease.unit)
-        else:
-            assert ctx.profile is not None and ctx.engine is not None
-            snapshot, _ = ctx.profile.route(task.card.snapshot)
-            stack = new_stack_name("run", ctx.run_id[-15:], plan.unit_id[-40:])
-            ctx.registry.claim(stack)
-            record.write_run(stack=stack)
-            unit = UnitSpec(
-                name=UNIT_NAME,
-                snapshot=snapshot,
-                shape=task.card.resources,
-                labels={"run": ctx.run_id, "unit": plan.unit_id[-60:]},
-            )
-            handle = await _blocking(up_unit, ctx.engine, ctx.profile, stack, unit)
-        token = handle.token()
-        if token:
-            ctx.redactor.add(token)  # an agent's logs could echo its bridge's environment
-        record.phase_end("provision", stack=handle.stack, endpoint=handle.endpoint)
-        record.write_run(handle=handle.summary())
-
-        # -- readiness ------------------------------------------------------------------------
-        status = NOT_READY
-        phase("ready")
-        timeout = ctx.profile.ready_timeout_s if ctx.profile else 120.0
-        report = await wait_ready(handle, timeout)
-        record.phase_end("ready", server_version=report.server_version, attempts=report.attempts)
-
+        async with unit.phase("provision", UnitStatus.PROVISION_FAILED) as done:
+            handle = await provisioner.acquire(plan, unit.record)
+            if token := handle.token():
+                ctx.redactor.add(token)  # an agent's logs could echo its bridge's environment
+            done.update(stack=handle.stack, endpoint=handle.endpoint)
+            unit.record.write_run(handle=handle.summary())
+        async with unit.phase("ready", UnitStatus.NOT_READY) as done:
+            report = await wait_ready(handle, provisioner.ready_timeout_s)
+            done.update(server_version=report.server_version, attempts=report.attempts)
         async with handle.client() as client:
-            sandbox = TaskSandbox(handle, client, task.id)
-
-            # -- stage inputs and setup ---------------------------------------------------------
-            status = SETUP_FAILED
-            phase("setup")
-            await client.run_command(
-                f"rm -rf '{sandbox.task_dir}' && mkdir -p '{sandbox.input_dir}' '{sandbox.output_dir}'"
+            sandbox = TaskSandbox(handle, client, plan.task.id)
+            async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:
+                done["inputs_staged"] = await _stage_and_set_up(plan.task, sandbox, unit.record)
+            async with unit.phase("agent", UnitStatus.AGENT_FAILED) as done:
+                started = time.monotonic()
+                result = await _run_agent(plan, ctx, handle, sandbox, unit.record)
+                unit.agent_s = time.monotonic() - started
+                done.update(ok=result.status == "completed", agent_status=result.status, error=result.error)
+            unit.error = result.error
+            # A unit whose agent failed is still graded (partial work counts); it keeps the agent's status.
+            agent_outcome = AGENT_OUTCOME[result.status]
+            fails_as = UnitStatus.EVAL_FAILED if agent_outcome is UnitStatus.SUCCEEDED else agent_outcome
+            async with unit.phase("evaluate", fails_as) as done:
+                done["score"] = unit.score = await _grade(plan.task, sandbox, unit.record)
+            unit.status = agent_outcome
+            unit.record.event(
+                "outputs_pulled", files=await download_dir(client, sandbox.output_dir, unit.record.output_dir)
             )
-            staged = await upload_dir(client, task.input_dir, sandbox.input_dir) if task.input_dir.is_dir() else 0
-            setup = task.hook("setup")
-            if setup is not None:
-                await asyncio.wait_for(setup(sandbox), HOOK_TIMEOUT_S)
-            record.phase_end("setup", inputs_staged=staged)
-
-            # -- the agent ----------------------------------------------------------------------
-            status = AGENT_FAILED
-            phase("agent")
-            deployer_cls = load_deployer_class(plan.agent)
-            kind = plan.agent.executor or deployer_cls.default_executor
-            if kind not in deployer_cls.supported_executors:
-                raise AleIacError(
-                    f"agent {plan.agent.name} does not support executor {kind!r} "
-                    f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})"
-                )
-            record.agent_dir.mkdir(parents=True, exist_ok=True)
-            executor = make_executor(
-                kind,
-                config=plan.agent,
-                sandbox=handle,
-                work_dir=record.agent_dir,
-                env={name: ctx.secrets_env[name] for name in plan.agent.secrets},
-                redact=ctx.redactor,
-            )
-            deployer = deployer_cls(executor)
-            agent_start = time.monotonic()
-            timeout_s = min(task.card.timeout_s or ctx.unit_timeout_s, ctx.unit_timeout_s)
-            await deployer.install()
-            try:
-                result = await asyncio.wait_for(
-                    deployer.launch(build_prompt(task.card.instruction, sandbox)), timeout_s
-                )
-            except TimeoutError:
-                result = AgentRunResult(status="timeout", error=f"agent exceeded its {timeout_s:.0f} s limit")
-            agent_s = time.monotonic() - agent_start
-            result.duration_s = result.duration_s or agent_s
-            try:
-                trajectory = deployer.parse_artifacts(result)
-                data = trajectory.model_dump(mode="json", exclude_none=True)
-                # File references in the trajectory are relative to the agent's work dir.
-                data["extra"] = {**data.get("extra", {}), "artifacts_dir": record.agent_dir.name}
-                record.write_json("trajectory.json", data)
-            except Exception as exc:
-                record.event("trajectory_error", error=_one_line(exc))
-            record.write_json("agent_result.json", result.model_dump(mode="json"))
-            record.phase_end("agent", agent_status=result.status, error=result.error)
-            agent_status = {"completed": SUCCEEDED, "failed": AGENT_FAILED, "timeout": AGENT_TIMEOUT}[result.status]
-            if result.error:
-                error = result.error
-
-            # -- hidden reference, then grading ---------------------------------------------------
-            status = EVAL_FAILED
-            phase("evaluate")
-            if task.reference_dir.is_dir():
-                await upload_dir(client, task.reference_dir, sandbox.reference_dir)
-            value = await asyncio.wait_for(task.module.evaluate(sandbox), HOOK_TIMEOUT_S)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
-                raise AleIacError(f"evaluate() of task {task.id} returned {value!r}, not a number in [0, 1]")
-            score = float(value)
-            record.write_json("eval_result.json", {"score": score, "task": task.id, "evaluated_at": utc_now()})
-            record.phase_end("evaluate", score=score)
-            status = agent_status
-
-            pulled = await download_dir(client, sandbox.output_dir, record.output_dir)
-            record.event("outputs_pulled", files=pulled)
     except asyncio.CancelledError:
-        status, error = INTERRUPTED, "interrupted"
-        record.event("interrupted")
+        unit.interrupted()
         raise
     except Exception as exc:
-        error = _one_line(exc)
-        record.event("error", status=status, error=error)
+        unit.failed(exc)
     finally:
-        cleanup_outcome = await _cleanup(ctx, record, status, stack, lease)
-        duration = time.monotonic() - started
-        retained = handle.summary() if handle is not None and cleanup_outcome == "retained" else None
-        record.write_run(
-            status=status,
-            score=score,
-            error=error,
-            stack=stack,
-            cleanup={"mode": ctx.cleanup.value, "outcome": cleanup_outcome},
-            finished_at=utc_now(),
-            duration_s=round(duration, 3),
-            agent_s=round(agent_s, 3),
-        )
-        ctx.redactor.scrub_tree(record.folder)
-        record.close()
-        ctx.on_phase(plan.unit_id, "done")
-    return UnitOutcome(
-        unit_id=plan.unit_id,
-        agent=plan.agent.name,
-        task=task.id,
-        repeat=plan.repeat,
-        status=status,
-        score=score,
-        error=error,
-        stack=stack,
-        cleanup=cleanup_outcome,
-        duration_s=round(duration, 3),
-        agent_s=round(agent_s, 3),
-        handle=retained,
-    )
-
-
-async def _cleanup(
-    ctx: RunContext, record: UnitRecord, status: str, stack: str | None, lease: leases.Lease | None
-) -> str:
-    """Apply the cleanup mode. Runs on every path, including cancellation."""
-    record.phase_start("cleanup")
-    if lease is not None:
-        lease.release()
-        record.phase_end("cleanup", outcome="lease released")
-        return "lease released"
-    if stack is None or ctx.engine is None:
-        record.phase_end("cleanup", outcome="nothing to clean")
-        return "nothing to clean"
-    retain = ctx.cleanup is CleanupMode.RETAIN or (ctx.cleanup is CleanupMode.RETAIN_ON_FAILURE and status != SUCCEEDED)
-    if retain:
-        ctx.registry.retain(stack)
-        record.phase_end("cleanup", outcome="retained")
-        return "retained"
-    try:
-        existed = await _blocking(destroy_stack, ctx.engine, stack)
-    except Exception as exc:
-        record.phase_end("cleanup", ok=False, error=_one_line(exc))
-        return f"destroy failed: {_one_line(exc)} (run: ale-iac gc)"
-    ctx.registry.release(stack)
-    outcome = "destroyed" if existed else "no stack was created"
-    record.phase_end("cleanup", outcome=outcome)
+        outcome = await unit.release(provisioner, handle)
     return outcome
+
+
+async def _stage_and_set_up(task: Task, sandbox: TaskSandbox, record: UnitRecord) -> int:
+    """A clean task folder in the sandbox, the task's inputs in it, then the task's ``setup`` hook."""
+    client = sandbox.client
+    await client.run_command(f"rm -rf '{sandbox.task_dir}' && mkdir -p '{sandbox.input_dir}' '{sandbox.output_dir}'")
+    staged = await upload_dir(client, task.input_dir, sandbox.input_dir) if task.input_dir.is_dir() else 0
+    if task.hook("setup") is not None:
+        await call_hook(task, "setup", sandbox, record)
+    return staged
+
+
+async def call_hook(task: Task, name: str, sandbox: TaskSandbox, record: UnitRecord) -> Any:
+    """Run a task hook within its time limit. What it prints or logs goes to the unit's ``hooks.log``;
+    if it raises, its traceback goes there and into ``events.jsonl`` (``hook_error``)."""
+    fn = task.hook(name)
+    if fn is None:
+        raise AleIacError(f"task {task.id} has no {name} hook")
+    with hook_output.capture() as output:
+        try:
+            return await asyncio.wait_for(fn(sandbox), HOOK_TIMEOUT_S)
+        except TimeoutError:
+            raise AleIacError(f"the {name} hook of task {task.id} exceeded its {HOOK_TIMEOUT_S:.0f} s limit") from None
+        except Exception as exc:
+            trace = "".join(traceback.format_exception(exc))
+            output.write(trace)
+            record.event("hook_error", hook=name, error=one_line(exc), traceback=trace)
+            raise
+        finally:
+            text = output.getvalue()
+            if text:
+                record.append_text(HOOKS_LOG, f"--- {name} ({utc_now()}) ---\n{text.rstrip()}\n")
+                record.event("hook_output", hook=name, file=HOOKS_LOG, chars=len(text))
+
+
+async def _run_agent(
+    plan: UnitPlan, ctx: RunContext, handle: SandboxHandle, sandbox: TaskSandbox, record: UnitRecord
+) -> AgentRunResult:
+    """The deployer through its executor: install, launch (within the time limit), parse artifacts."""
+    deployer_cls = load_deployer_class(plan.agent)
+    kind = plan.agent.executor or deployer_cls.default_executor
+    if kind not in deployer_cls.supported_executors:
+        raise AleIacError(
+            f"agent {plan.agent.name} does not support executor {kind!r} "
+            f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})"
+        )
+    record.agent_dir.mkdir(parents=True, exist_ok=True)
+    executor = make_executor(
+        kind,
+        config=plan.agent,
+        sandbox=handle,
+        work_dir=record.agent_dir,
+        env={name: ctx.secrets_env[name] for name in plan.agent.secrets},
+        redact=ctx.redactor,
+        task=TaskPaths(task_id=plan.task.id, input_dir=sandbox.input_dir, output_dir=sandbox.output_dir),
+    )
+    deployer = deployer_cls(executor)
+    timeout_s = min(plan.task.card.timeout_s or ctx.unit_timeout_s, ctx.unit_timeout_s)
+    started = time.monotonic()
+    try:
+        await deployer.install()
+        result = await asyncio.wait_for(deployer.launch(build_prompt(plan.task.card.instruction, sandbox)), timeout_s)
+    except TimeoutError:
+        result = AgentRunResult(status="timeout", error=f"agent exceeded its {timeout_s:.0f} s limit")
+    except Exception as exc:  # the deployer raised: a failed run (still graded), with its traceback
+        record.event("agent_error", error=one_line(exc), traceback="".join(traceback.format_exception(exc)))
+        result = AgentRunResult(status="failed", error=f"agent raised {one_line(exc)}")
+    result.duration_s = result.duration_s or time.monotonic() - started
+    try:
+        data = deployer.parse_artifacts(result).model_dump(mode="json", exclude_none=True)
+        record.write_json("trajectory.json", relative_to_record(data, record.agent_dir.name))
+    except Exception as exc:
+        record.event("trajectory_error", error=one_line(exc))
+    record.write_json("agent_result.json", result.model_dump(mode="json"))
+    return result
+
+
+def relative_to_record(trajectory: dict[str, Any], agent_dir: str) -> dict[str, Any]:
+    """A deployer names its screenshots relative to its work dir; in the record they are relative to
+    ``trajectory.json`` (``agent/screenshots/...``), and ``extra.artifacts_dir`` says so (``.``)."""
+
+    def rebase(extra: Any) -> None:
+        if isinstance(extra, dict) and isinstance(extra.get("screenshots"), list):
+            extra["screenshots"] = [f"{agent_dir}/{p}" if isinstance(p, str) else p for p in extra["screenshots"]]
+
+    for step in trajectory.get("steps", []):
+        rebase(step.get("extra"))
+        for result in (step.get("observation") or {}).get("results", []):
+            rebase(result.get("extra"))
+    trajectory["extra"] = {**trajectory.get("extra", {}), "artifacts_dir": "."}
+    return trajectory
+
+
+async def _grade(task: Task, sandbox: TaskSandbox, record: UnitRecord) -> float:
+    """Stage the hidden reference, then run the task's ``evaluate``: a number in [0, 1], or an
+    :class:`Evaluation` (the score and its details, such as partial credit per criterion)."""
+    if task.reference_dir.is_dir():
+        await upload_dir(sandbox.client, task.reference_dir, sandbox.reference_dir)
+    value = await call_hook(task, "evaluate", sandbox, record)
+    details: dict[str, Any] = {}
+    if isinstance(value, Evaluation):
+        details = dict(value.details)
+        value = value.score
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
+        raise AleIacError(f"evaluate() of task {task.id} returned {value!r}, not a number in [0, 1]")
+    score = float(value)
+    result: dict[str, Any] = {"score": score, "task": task.id, "evaluated_at": utc_now()}
+    if details:
+        result["details"] = details
+    record.write_json("eval_result.json", result)
+    return score

@@ -4,20 +4,23 @@
   run.json           config (secrets redacted), phase timings, status, score, stack, cleanup outcome
   events.jsonl       one JSON object per event, appended and flushed immediately
   trajectory.json    the agent's ATIF-compatible trajectory (+ screenshots/ next to it)
-  eval_result.json   score and evaluation details
+  eval_result.json   score and evaluation details (``details``: what ``evaluate`` returned beside the score)
+  hooks.log          what the task's hooks printed or logged, and their tracebacks
   agent/             the agent's work dir: raw logs, screenshots
   output/            the task's output dir pulled back from the sandbox
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ale_iac.clock import utc_now
+from ale_iac.files import write_json_atomic
 
 REDACTED = "***"
 _MIN_SECRET_LEN = 4
@@ -72,10 +75,6 @@ class Redactor:
         return changed
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class UnitRecord:
     """Writes one unit's folder. Thread-safe for events; every write goes through the redactor."""
 
@@ -97,6 +96,19 @@ class UnitRecord:
     def output_dir(self) -> Path:
         return self.folder / "output"
 
+    def previous_run(self) -> dict[str, Any]:
+        """The ``run.json`` an earlier attempt of this unit left (``--resume``), or {}."""
+        try:
+            data = json.loads((self.folder / "run.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def append_text(self, name: str, text: str) -> None:
+        """Append ``text`` (redacted) to a text file of the record."""
+        with self._lock, (self.folder / name).open("a", encoding="utf-8") as handle:
+            handle.write(self.redact(text))
+
     def event(self, kind: str, **fields: Any) -> None:
         line = json.dumps(self.redact.json({"t": utc_now(), "event": kind, **fields}), default=str)
         with self._lock:
@@ -116,9 +128,7 @@ class UnitRecord:
 
     def write_json(self, name: str, data: Any) -> Path:
         path = self.folder / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.redact.json(data), indent=2, default=str) + "\n")
-        tmp.replace(path)
+        write_json_atomic(path, self.redact.json(data), mode=0o644)
         return path
 
     def write_run(self, **fields: Any) -> None:

@@ -13,16 +13,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ale_iac import procs
+from ale_iac.files import write_json_atomic
 from ale_iac.paths import ale_home
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def runs_dir() -> Path:
@@ -33,26 +26,28 @@ def runs_dir() -> Path:
 class RunClaim:
     run_id: str
     pid: int
-    pid_start: int | None
+    pid_start: float | None
     run_dir: str
     stacks: list[str]
     retained: list[str]
 
     @property
     def alive(self) -> bool:
-        return self.pid_start is not None and process_start_time(self.pid) == self.pid_start
+        return procs.is_running(self.pid, self.pid_start)
 
 
 class RunRegistry:
     """The current process's claims. Thread-safe; the file is rewritten atomically on each change."""
 
-    def __init__(self, run_id: str, run_dir: Path) -> None:
+    def __init__(self, run_id: str, run_dir: Path, keep_retained: bool = False) -> None:
+        """``keep_retained``: a resumed run keeps the stacks its earlier attempt retained."""
         self.run_id = run_id
         self.run_dir = run_dir
         self.path = runs_dir() / f"{run_id}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._stacks: list[str] = []
-        self._retained: list[str] = []
+        earlier = next((c for c in read_claims() if c.run_id == run_id), None) if keep_retained else None
+        self._retained: list[str] = list(earlier.retained) if earlier else []
         self._lock = threading.Lock()
         self._write()
 
@@ -60,14 +55,12 @@ class RunRegistry:
         data = {
             "run_id": self.run_id,
             "pid": os.getpid(),
-            "pid_start": process_start_time(os.getpid()),
+            "pid_start": procs.start_time(os.getpid()),
             "run_dir": str(self.run_dir),
             "stacks": self._stacks,
             "retained": self._retained,
         }
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(self.path)
+        write_json_atomic(self.path, data)
 
     def claim(self, stack: str) -> None:
         with self._lock:

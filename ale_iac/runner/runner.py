@@ -12,24 +12,30 @@ import datetime as dt
 import json
 import os
 import signal
-import time
+from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
+from ale_iac.agent import load_deployer_class
+from ale_iac.agent.registry import executor_class
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError
-from ale_iac.profile import CleanupMode, resolve_profile
-from ale_iac.provision import ensure_images
+from ale_iac.profile import CleanupMode, Profile, resolve_profile
+from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
-from ale_iac.runner.lifecycle import INTERRUPTED, RunContext, UnitOutcome, run_unit
+from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
+from ale_iac.runner.progress import Progress
+from ale_iac.runner.provisioners import RETAINED, PoolProvisioner, Provisioner, StackProvisioner
 from ale_iac.runner.records import Redactor
-from ale_iac.runner.registry import RunRegistry
+from ale_iac.runner.registry import RunRegistry, read_claims
+from ale_iac.runner.status import UnitStatus
+from ale_iac.sandbox.client import ComputerServerClient
 
 RESULTS = "results.jsonl"
 MANIFEST = "experiment.json"
@@ -45,7 +51,7 @@ class RunSummary:
 
     @property
     def retained(self) -> list[UnitOutcome]:
-        return [o for o in self.outcomes if o.cleanup == "retained"]
+        return [o for o in self.outcomes if o.cleanup == RETAINED]
 
 
 def _new_run_dir(experiment: Experiment) -> tuple[str, Path]:
@@ -54,12 +60,36 @@ def _new_run_dir(experiment: Experiment) -> tuple[str, Path]:
     return run_id, experiment.output_root / run_id
 
 
-def _latest_run_dir(experiment: Experiment) -> Path | None:
-    candidates = sorted(
-        (p for p in experiment.output_root.glob(f"{experiment.spec.name}-*") if (p / MANIFEST).exists()),
-        key=lambda p: p.stat().st_mtime,
-    )
+def latest_run_dir(experiment: Experiment) -> Path | None:
+    """The newest run of this experiment under its output root, by the name its own manifest records
+    (a folder name's prefix would also match ``<name>-other``'s runs)."""
+    candidates = []
+    for manifest in experiment.output_root.glob(f"*/{MANIFEST}"):
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and (data.get("spec") or {}).get("name") == experiment.spec.name:
+            candidates.append(manifest.parent)
+    candidates.sort(key=lambda p: (p / MANIFEST).stat().st_mtime)
     return candidates[-1] if candidates else None
+
+
+def recover_crashed_attempt(run_id: str, destroy: Callable[[str], bool], say: Callable[[str], None]) -> list[str]:
+    """Before ``--resume`` reuses ``run_id``: destroy the stacks its earlier, dead attempt had claimed
+    (the registry knows them), and say so. Stacks it retained on purpose stay retained. Returns the
+    stacks destroyed. Refuses if that attempt is still running."""
+    earlier = next((c for c in read_claims() if c.run_id == run_id), None)
+    if earlier is None:
+        return []
+    if earlier.alive:
+        raise AleIacError(f"run {run_id} is still running (pid {earlier.pid}); wait for it or stop it first")
+    destroyed = []
+    for stack in earlier.stacks:
+        if destroy(stack):
+            destroyed.append(stack)
+            say(f"destroyed stack {stack}, left by the crashed earlier attempt of this run")
+    return destroyed
 
 
 def _finished_units(run_dir: Path) -> set[str]:
@@ -69,7 +99,7 @@ def _finished_units(run_dir: Path) -> set[str]:
             status = json.loads(run_json.read_text()).get("status")
         except (OSError, ValueError):
             continue
-        if status not in (None, "running", INTERRUPTED):
+        if status in set(UnitStatus) and UnitStatus(status).finished:
             done.add(run_json.parent.name)
     return done
 
@@ -86,49 +116,38 @@ def _secrets(experiment: Experiment) -> dict[str, str]:
     return values
 
 
-class Progress:
-    """Per-unit phase, elapsed time, status and score: a live table on a terminal, lines otherwise."""
+def bridge_tools() -> dict[str, dict[str, dict[str, Any]]]:
+    """The vm and cua bridges' tools and their argument schemas, read from the servers themselves
+    (built over a client factory that is never called: no sandbox needed)."""
+    from ale_iac.bridges import cua, vm
 
-    def __init__(self, units: list[UnitPlan], console: Console) -> None:
-        self.console = console
-        self.rows: dict[str, dict[str, Any]] = {
-            u.unit_id: {"phase": "queued", "start": None, "status": "", "score": None} for u in units
-        }
-        self.live: Live | None = None
+    def no_sandbox() -> ComputerServerClient:
+        raise AleIacError("no sandbox: this bridge was built only to list its tools")
 
-    def table(self) -> Table:
-        table = Table("unit", "phase", "elapsed", "status", "score", title="ale-iac evaluate")
-        now = time.monotonic()
-        for unit_id, row in self.rows.items():
-            elapsed = "" if row["start"] is None else f"{(row.get('end') or now) - row['start']:.0f}s"
-            score = "" if row["score"] is None else f"{row['score']:.2f}"
-            table.add_row(unit_id, row["phase"], elapsed, row["status"], score)
-        return table
+    return {kind: dict(module.build_server(no_sandbox).tool_schemas) for kind, module in (("vm", vm), ("cua", cua))}
 
-    def phase(self, unit_id: str, phase: str) -> None:
-        row = self.rows[unit_id]
-        if row["start"] is None:
-            row["start"] = time.monotonic()
-        if phase == "done":
-            row["end"] = time.monotonic()
-        row["phase"] = phase
-        if self.live is None:
-            self.console.print(f"[{unit_id}] {phase}", highlight=False, markup=False)
 
-    def finish(self, outcome: UnitOutcome) -> None:
-        row = self.rows[outcome.unit_id]
-        row.update(status=outcome.status, score=outcome.score, phase="done")
-        if self.live is None:
-            score = "-" if outcome.score is None else f"{outcome.score:.2f}"
-            self.console.print(
-                f"[{outcome.unit_id}] {outcome.status} score={score} cleanup={outcome.cleanup}",
-                highlight=False,
-                markup=False,
+def check_agents(experiment: Experiment) -> None:
+    """Everything about the agents that can be checked before a sandbox exists: the deployer imports,
+    supports its executor, and accepts its settings (``BaseAgentDeployer.validate_config``)."""
+    tools = bridge_tools()
+    for agent in experiment.agents:
+        source = Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}"
+        deployer_cls = load_deployer_class(agent)
+        kind = agent.executor or deployer_cls.default_executor
+        executor_class(kind, agent.name)
+        if kind not in deployer_cls.supported_executors:
+            raise ConfigError(
+                source,
+                "executor",
+                f"agent {agent.name} does not support executor {kind!r} "
+                f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})",
             )
+        deployer_cls.validate_config(agent, tools)
 
 
 async def _run_all(
-    experiment: Experiment, plans: list[UnitPlan], ctx: RunContext, concurrency: int, progress: Progress
+    plans: list[UnitPlan], ctx: RunContext, concurrency: int, progress: Progress
 ) -> tuple[list[UnitOutcome], bool]:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=max(8, concurrency * 3), thread_name_prefix="ale"))
@@ -141,6 +160,10 @@ async def _run_all(
             outcome = await run_unit(plan, ctx)
         outcomes.append(outcome)
         progress.finish(outcome)
+        if outcome.status is not UnitStatus.SUCCEEDED and outcome.error:
+            progress.console.print(
+                f"[{outcome.unit_id}] {outcome.status}: {outcome.error}", highlight=False, markup=False
+            )
         with results_path.open("a") as handle:
             handle.write(json.dumps(ctx.redactor.json(outcome.as_result())) + "\n")
 
@@ -175,6 +198,24 @@ async def _run_all(
     return outcomes, interrupts > 0
 
 
+def _provisioners(
+    engine: Engine,
+    pool: str | None,
+    profile: Profile | None,
+    run_id: str,
+    cleanup: CleanupMode,
+    registry: RunRegistry,
+    unit_timeout_s: float,
+    retain_below: float | None = None,
+) -> Callable[[], Provisioner]:
+    """Where each unit's sandbox comes from: a lease of ``pool``, or an ephemeral stack of ``profile``."""
+    if pool is not None:
+        return lambda: PoolProvisioner(engine, pool, lease_timeout_s=unit_timeout_s)
+    if profile is None:
+        raise AleIacError("an experiment needs a profile or a pool")
+    return lambda: StackProvisioner(engine, profile, run_id, cleanup, registry, retain_below)
+
+
 def run_experiment(
     experiment: Experiment,
     *,
@@ -183,13 +224,14 @@ def run_experiment(
 ) -> RunSummary:
     console = console or Console()
     spec = experiment.spec
+    # Fail fast: whatever can be checked before a sandbox exists is checked before any is provisioned.
     secrets_env = _secrets(experiment)
+    check_agents(experiment)
     redactor = Redactor(secrets_env.values())
 
-    engine: Engine | None = None
-    profile = None
+    engine = Engine()
+    profile: Profile | None = None
     if spec.pool:
-        engine = Engine()
         cleanup = spec.cleanup or CleanupMode.DESTROY
     else:
         loaded = resolve_profile(spec.profile or "local")
@@ -201,22 +243,24 @@ def run_experiment(
                 raise ConfigError(task.folder / "task.yaml", "snapshot", exc.detail) from None
         cleanup = spec.cleanup or profile.cleanup
         ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
-        engine = Engine()
 
     fingerprint = experiment.fingerprint()
     plans = experiment.units
     skipped: list[str] = []
     if resume:
-        run_dir = _latest_run_dir(experiment)
+        run_dir = latest_run_dir(experiment)
         if run_dir is None:
             raise AleIacError(f"nothing to resume: no earlier run of '{spec.name}' under {experiment.output_root}")
         manifest = json.loads((run_dir / MANIFEST).read_text())
         if manifest.get("fingerprint") != fingerprint:
             raise AleIacError(
-                f"refusing to resume {run_dir}: the experiment changed since that run (agents, tasks, profile or "
-                "repeats differ); start a new run without --resume"
+                f"refusing to resume {run_dir}: the experiment changed since that run (agent presets or deployers, "
+                "task cards, hooks, inputs or references, profile or repeats differ); start a new run without --resume"
             )
         run_id = manifest["run_id"]
+        recover_crashed_attempt(
+            run_id, lambda stack: destroy_stack(engine, stack), lambda line: console.print(line, highlight=False)
+        )
         done = _finished_units(run_dir)
         skipped = [p.unit_id for p in plans if p.unit_id in done]
         plans = [p for p in plans if p.unit_id not in done]
@@ -240,14 +284,15 @@ def run_experiment(
             )
         )
 
-    registry = RunRegistry(run_id, run_dir)
-    progress = Progress(plans, console)
+    registry = RunRegistry(run_id, run_dir, keep_retained=resume)
+    progress = Progress(plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {run_id}")
+    provisioner = _provisioners(
+        engine, spec.pool, profile, run_id, cleanup, registry, spec.unit_timeout_s, spec.retain_below
+    )
     ctx = RunContext(
         run_id=run_id,
         run_dir=run_dir,
-        engine=engine,
-        profile=profile,
-        pool=spec.pool,
+        provisioner=provisioner,
         cleanup=cleanup,
         unit_timeout_s=spec.unit_timeout_s,
         registry=registry,
@@ -256,20 +301,39 @@ def run_experiment(
         on_phase=progress.phase,
     )
     try:
-        if console.is_terminal and plans:
-            with Live(get_renderable=progress.table, console=console, refresh_per_second=4) as live:
-                progress.live = live
-                outcomes, interrupted = asyncio.run(_run_all(experiment, plans, ctx, spec.concurrency, progress))
-        else:
-            outcomes, interrupted = asyncio.run(_run_all(experiment, plans, ctx, spec.concurrency, progress))
+        with progress.display():
+            outcomes, interrupted = asyncio.run(_run_all(plans, ctx, spec.concurrency, progress))
     finally:
         registry.close()
     outcomes.sort(key=lambda o: o.unit_id)
     return RunSummary(run_id=run_id, run_dir=run_dir, outcomes=outcomes, skipped=skipped, interrupted=interrupted)
 
 
+def mean_line(outcomes: list[UnitOutcome]) -> str | None:
+    """The mean score and how it was formed: which units it counts, which it leaves out and why."""
+    graded = [o for o in outcomes if o.score is not None]
+    if not graded:
+        return None
+    mean = sum(o.score or 0.0 for o in graded) / len(graded)
+    line = f"mean score {mean:.3f} over {len(graded)} graded unit(s) of {len(outcomes)}"
+    failed_agents = _counts(o.status for o in graded if o.status is not UnitStatus.SUCCEEDED)
+    if failed_agents:
+        line += f"; includes units whose agent did not complete, graded on what they left ({failed_agents})"
+    ungraded = _counts(o.status for o in outcomes if o.score is None)
+    if ungraded:
+        line += f"; not graded, so not in the mean: {ungraded}"
+    return line
+
+
+def _counts(statuses: Iterable[str]) -> str:
+    counts = Counter(statuses)
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
 def print_summary(summary: RunSummary, console: Console) -> None:
-    table = Table("unit", "agent", "task", "status", "score", "time", "cleanup", title=f"results: {summary.run_dir}")
+    table = Table(
+        "unit", "agent", "task", "status", "score", "time", "cleanup", "reason", title=f"results: {summary.run_dir}"
+    )
     for o in summary.outcomes:
         table.add_row(
             o.unit_id,
@@ -279,21 +343,25 @@ def print_summary(summary: RunSummary, console: Console) -> None:
             "-" if o.score is None else f"{o.score:.2f}",
             f"{o.duration_s:.1f}s",
             o.cleanup,
+            o.error or "",
         )
     console.print(table)
-    scored = [o.score for o in summary.outcomes if o.score is not None]
-    if scored:
-        console.print(f"mean score {sum(scored) / len(scored):.3f} over {len(scored)} graded unit(s)")
+    if line := mean_line(summary.outcomes):
+        console.print(line, highlight=False)
     if summary.skipped:
         console.print(f"skipped (already finished): {len(summary.skipped)}")
     for o in summary.retained:
         endpoint = (o.handle or {}).get("endpoint")
         console.print(f"retained: stack {o.stack} -> {endpoint}  (destroy: ale-iac sandbox destroy {o.stack})")
+    if summary.retained:
+        console.print(f"destroy everything this run retained: ale-iac sandbox destroy --run {summary.run_id}")
     if summary.interrupted:
         console.print("[yellow]run was interrupted; rerun with --resume to finish it[/yellow]")
 
 
 def exit_code(summary: RunSummary) -> int:
+    """130 if interrupted; 0 if every unit run this time succeeded (its agent completed and it was graded,
+    whatever the score); 1 otherwise (docs/experiments.md, "Exit code")."""
     if summary.interrupted:
         return 130
-    return 0 if all(o.status == "succeeded" for o in summary.outcomes) else 1
+    return 0 if all(o.status is UnitStatus.SUCCEEDED for o in summary.outcomes) else 1

@@ -15,7 +15,6 @@ import base64
 import importlib.util
 import inspect
 import re
-import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,13 +22,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ale_iac.errors import ConfigError, format_validation_error, yaml_error
-from ale_iac.profile import Shape
-from ale_iac.sandbox.client import CommandResult, ComputerServerClient
-from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.contract import Shape
+from ale_iac.errors import AleIacError, ConfigError, load_model
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.task import TaskSandbox, shell_quote
 
 CARD_NAME = "task.yaml"
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -74,14 +72,7 @@ def load_task(folder: Path) -> Task:
     card_path = folder / CARD_NAME
     if not card_path.exists():
         raise ConfigError(folder, CARD_NAME, "task folder has no task card")
-    try:
-        data = yaml.safe_load(card_path.read_text())
-    except yaml.YAMLError as exc:
-        raise yaml_error(card_path, exc) from None
-    try:
-        card = TaskCard.model_validate(data)
-    except ValidationError as exc:
-        raise format_validation_error(card_path, exc) from None
+    card = load_model(card_path, TaskCard)
     if not _ID_RE.match(card.id):
         raise ConfigError(card_path, "id", f"{card.id!r} must be lowercase letters, digits, '.', '_' or '-'")
     main = folder / "main.py"
@@ -122,89 +113,14 @@ def load_task_list(entry: Path) -> list[Path]:
     return folders
 
 
-class TaskSandbox:
-    """What ``setup`` and ``evaluate`` receive: the sandbox plus the task's paths inside it."""
-
-    def __init__(self, handle: SandboxHandle, client: ComputerServerClient, task_id: str) -> None:
-        self.handle = handle
-        self.client = client
-        self.task_dir = f"{handle.paths.task_data_root.rstrip('/')}/{task_id}"
-        self.input_dir = f"{self.task_dir}/input"
-        self.output_dir = f"{self.task_dir}/output"
-        self.reference_dir = f"{self.task_dir}/reference"
-
-    async def run(self, command: str, timeout: float | None = 60) -> CommandResult:
-        return await self.client.run_command(command, timeout=timeout)
-
-    async def run_ok(self, command: str, timeout: float = 60) -> str:
-        """Run ``command``; its stdout, or a RuntimeError with the exit code and the end of stderr."""
-        result = await self.client.run_command(command, timeout=timeout)
-        if result.exit_code != 0:
-            detail = (result.stderr or result.stdout).strip()[-300:]
-            raise RuntimeError(f"`{command[:120]}` exited {result.exit_code}: {detail}")
-        return result.stdout
-
-    async def launch(self, argv: list[str], window: str | None = None, timeout: float = 20) -> None:
-        """Start a program on the sandbox's display, detached from ``run_command``; with ``window``,
-        wait (up to ``timeout``) until a visible window of exactly that title is mapped.
-
-        Detached through Popen (new session, no inherited descriptors) rather than ``cmd &``: a
-        background job that keeps run_command's output pipes open would make the call wait for it.
-        """
-        spawn = (
-            "import subprocess as s, sys; "
-            "s.Popen(sys.argv[1:], stdin=s.DEVNULL, stdout=s.DEVNULL, stderr=s.DEVNULL, start_new_session=True)"
-        )
-        args = " ".join(shlex.quote(a) for a in argv)
-        display = "export DISPLAY=${DISPLAY:-:0}; "
-        await self.run_ok(f"{display}{shlex.quote(self.handle.paths.python)} -c {shlex.quote(spawn)} {args}")
-        if window is not None:
-            title = shlex.quote(f"^{re.escape(window)}$")
-            await self.run_ok(
-                f"{display}timeout {timeout:g} xdotool search --sync --onlyvisible --name {title} >/dev/null",
-                timeout=timeout + 10,
-            )
-
-    async def stop_pidfile(self, pid_file: str, timeout: float = 5) -> None:
-        """Stop the process whose pid ``pid_file`` holds (an earlier run's app), wait until it is gone,
-        and remove the file. Nothing happens if there is no such file."""
-        pid = shlex.quote(pid_file)
-        wait_gone = shlex.quote('while kill -0 "$0" 2>/dev/null; do sleep 0.05; done')
-        await self.run_ok(
-            f'if test -s {pid}; then old="$(cat {pid})"; '
-            f'kill "$old" 2>/dev/null && timeout {timeout:g} sh -c {wait_gone} "$old"; fi; rm -f {pid}',
-            timeout=timeout + 10,
-        )
-
-    async def read_text(self, path: str) -> str:
-        return await self.client.read_text(path)
-
-    async def write_text(self, path: str, content: str) -> None:
-        await self.client.write_text(path, content)
-
-    async def read_bytes(self, path: str) -> bytes:
-        return await self.client.read_bytes(path)
-
-    async def exists(self, path: str) -> bool:
-        result = await self.client.run_command(f"test -e {_quote(path)}")
-        return result.exit_code == 0
-
-    async def screenshot(self) -> bytes:
-        return await self.client.screenshot()
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
 async def upload_dir(client: ComputerServerClient, local: Path, remote: str) -> int:
     """Copy a host folder into the sandbox, byte-exact; returns the number of files."""
     count = 0
-    await client.run_command(f"mkdir -p {_quote(remote)}")
+    await client.run_command(f"mkdir -p {shell_quote(remote)}")
     for path in sorted(local.rglob("*")):
         target = f"{remote}/{path.relative_to(local).as_posix()}"
         if path.is_dir():
-            await client.run_command(f"mkdir -p {_quote(target)}")
+            await client.run_command(f"mkdir -p {shell_quote(target)}")
         elif path.is_file():
             await client.write_bytes(target, path.read_bytes())
             count += 1
@@ -213,13 +129,23 @@ async def upload_dir(client: ComputerServerClient, local: Path, remote: str) -> 
 
 async def download_dir(client: ComputerServerClient, remote: str, local: Path) -> int:
     """Copy a sandbox folder to the host (regular files only); returns the number of files."""
-    listing = await client.run_command(f"cd {_quote(remote)} 2>/dev/null && find . -type f -print0 | base64 -w0")
+    listing = await client.run_command(f"cd {shell_quote(remote)} 2>/dev/null && find . -type f -print0 | base64 -w0")
     if listing.exit_code != 0 or not listing.stdout.strip():
         return 0
-    names = [n for n in base64.b64decode(listing.stdout.strip()).decode().split("\0") if n]
+    names = [n for n in base64.b64decode(listing.stdout.strip()).decode(errors="replace").split("\0") if n]
+    local.mkdir(parents=True, exist_ok=True)
+    root = local.resolve()
     for name in names:
         rel = name[2:] if name.startswith("./") else name
-        dest = local / rel
+        parts = Path(rel).parts
+        # The listing comes from the sandbox, which may lie: never write outside ``local``.
+        if not parts or rel.startswith("/") or ".." in parts or parts == (".",):
+            raise AleIacError(f"refusing to pull {name!r} from {remote}: it points outside the output folder")
+        dest = root.joinpath(*parts)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.parent.resolve().is_relative_to(root):
+            raise AleIacError(f"refusing to pull {name!r} from {remote}: it points outside the output folder")
+        if dest.is_symlink():
+            dest.unlink()  # replaced, never written through
         dest.write_bytes(await client.read_bytes(f"{remote}/{rel}"))
     return len(names)

@@ -1,6 +1,6 @@
 """Async client for the Cua computer-server that runs in every sandbox.
 
-Protocol (``shared/notes/computer-server.md`` §4): ``POST /cmd`` with ``{"command", "params"}``; the
+Protocol (cua-computer-server 0.3.x): ``POST /cmd`` with ``{"command", "params"}``; the
 reply is HTTP 200 with exactly one ``data: {json}`` line, ``{"success": true, ...}`` or
 ``{"success": false, "error"}``; an unknown command or a bad body is HTTP 400 ``{"detail"}``. PTY sessions
 use the ``/pty`` routes. Everything here is strict: a failure reply, an HTTP error or a reply without the
@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, Self
 import httpx
 
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
-from ale_iac.errors import AleIacError
+from ale_iac.errors import AleIacError, squash
 from ale_iac.sandbox.keys import normalize_key, normalize_keys
 
 MouseButton = Literal["left", "right", "middle"]
@@ -58,17 +58,11 @@ PTY_SETTLE_MS: Final = 50
 """A PTY read that got output returns once the output has paused this long."""
 _READ_RETRIES: Final = 3
 _RETRY_BACKOFF_S: Final = (0.1, 0.4)
-_MESSAGE_MAX: Final = 600
 
 
 # ----------------------------------------------------------------------------------------------------
 # Errors and results
 # ----------------------------------------------------------------------------------------------------
-
-
-def _one_line(text: str) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= _MESSAGE_MAX else line[: _MESSAGE_MAX - 3] + "..."
 
 
 class ComputerServerError(AleIacError):
@@ -77,7 +71,7 @@ class ComputerServerError(AleIacError):
     def __init__(self, endpoint: str, command: str, message: str) -> None:
         self.endpoint = endpoint
         self.command = command
-        self.message = _one_line(message)
+        self.message = squash(message)
         super().__init__(self._summary())
 
     def _summary(self) -> str:
@@ -143,7 +137,6 @@ class _PtySession:
         self.dropped = 0
         self.exited = False
         self.exit_code: int | None = None
-        self.stream_error: str | None = None
         self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
@@ -165,11 +158,11 @@ class _PtySession:
                 self.dropped += excess
         self.changed.set()
 
-    def finish(self, code: int | None, error: str | None = None) -> None:
+    def finish(self, code: int | None) -> None:
+        """The process exited with ``code``, or (None) the stream broke and its exit is unknown."""
         if not self.exited:
             self.exited = True
             self.exit_code = code
-            self.stream_error = error
         self.changed.set()
 
     def drain(self, max_bytes: int) -> tuple[bytes, int]:
@@ -710,7 +703,7 @@ class ComputerServerClient:
             if not subscribed.done():
                 subscribed.set_exception(ComputerServerError(self.endpoint, "pty_stream", error or "no stream"))
             if error is not None:
-                session.finish(None, error)
+                session.finish(None)
 
     def _session(self, command: str, pid: int) -> _PtySession:
         session = self._ptys.get(pid)

@@ -25,7 +25,7 @@ class SandboxHandle(UnitOutputs):
     @classmethod
     def for_endpoint(cls, endpoint: str, os: OsName = "linux", token: str | None = None) -> SandboxHandle:
         """A handle for a bare endpoint (``--endpoint URL``): no stack, default Linux paths."""
-        from ale_iac.profile import LINUX_DESKTOP_PATHS
+        from ale_iac.contract import LINUX_DESKTOP_PATHS
 
         return cls(
             stack="",

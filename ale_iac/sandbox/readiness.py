@@ -1,6 +1,6 @@
 """Readiness: is the computer-server behind a handle able to do real work yet?
 
-Per DESIGN §5: a monotonic deadline; poll ``GET /status`` until it answers; check the server version
+A monotonic deadline; poll ``GET /status`` until it answers; check the server version
 is one we support; then one real command and one screenshot, because a server can answer /status
 while its display or shell is still broken. On timeout the error names the endpoint and the last
 error seen, which is what someone debugging a stuck sandbox needs first.
@@ -66,7 +66,22 @@ async def wait_ready(handle: SandboxHandle, timeout_s: float, *, min_poll_s: flo
                 last_error = f"{type(exc).__name__}: {exc}".strip()
             await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
             poll = min(poll * 2, 1.0)
+    logs = sandbox_logs(handle)
     raise SandboxNotReadyError(
         f"sandbox {handle.stack + '/' if handle.stack else ''}{handle.unit} at {handle.endpoint} was not ready "
-        f"after {timeout_s:.0f} s ({attempts} attempts); last error: {last_error}"
+        f"after {timeout_s:.0f} s ({attempts} attempts); last error: {last_error}" + (f"\n{logs}" if logs else "")
     )
+
+
+def sandbox_logs(handle: SandboxHandle) -> str:
+    """The tails of the sandbox's own logs (supervisor, init, computer-server) where this host has
+    them: a not-ready sandbox usually says why in its server log."""
+    if handle.provider != "local":
+        return ""
+    from ale_iac.substrates.local import runtime
+
+    try:
+        state = runtime.load_state(handle.resource_id)
+    except runtime.SandboxError:
+        return ""
+    return runtime.log_tails(state) if state is not None else ""

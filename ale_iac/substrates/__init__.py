@@ -2,6 +2,7 @@
 inspect), with no Pulumi. ``ale_iac.infra`` declares resources that call them; ``ale-iac gc``, the
 image cache, tests and benchmarks use them directly.
 
-Modules here import only the standard library (and each other), except where said: a local
-sandbox's supervisor lives as long as its sandbox, and every import is memory per sandbox.
+Modules here import only the standard library, psutil (through ``ale_iac.procs``) and each other,
+except where said: a local sandbox's supervisor lives as long as its sandbox, and every import is
+memory per sandbox.
 """

@@ -25,15 +25,16 @@ import pytest
 import yaml
 
 from ale_iac.agent import AgentConfig, AgentRunResult, BaseAgentDeployer, load_deployer_class
+from ale_iac.agent.trajectory import Trajectory
 from ale_iac.errors import ConfigError
 from ale_iac.executors.local import LocalExecutor
 from ale_iac.runner.lifecycle import build_prompt
 from ale_iac.runner.records import Redactor
-from ale_iac.runner.tasks import TaskSandbox, load_task, load_task_list, upload_dir
-from ale_iac.runner.trajectory import Trajectory
+from ale_iac.runner.tasks import load_task, load_task_list, upload_dir
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.task import TaskSandbox
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_DIR = REPO / "agents" / "scripted"
@@ -224,7 +225,6 @@ def raw_calls(work_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.sandbox
-@pytest.mark.slow
 @pytest.mark.usefixtures("clean_task_dirs")
 @pytest.mark.parametrize("task_name", DEMO_TASKS)
 def test_right_plan_scores_one(handle: SandboxHandle, tmp_path: Path, task_name: str) -> None:
@@ -266,7 +266,6 @@ def test_right_plan_scores_one(handle: SandboxHandle, tmp_path: Path, task_name:
 
 
 @pytest.mark.sandbox
-@pytest.mark.slow
 @pytest.mark.usefixtures("clean_task_dirs")
 @pytest.mark.parametrize("task_name", DEMO_TASKS)
 def test_wrong_plan_scores_below_one(handle: SandboxHandle, tmp_path: Path, task_name: str) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.bridges.conftest import OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
-from tests.sandbox import desktop
-from tests.sandbox.desktop import Window
+from tests.support import desktop
+from tests.support.bridges import OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
+from tests.support.desktop import Window
 
 pytestmark = pytest.mark.sandbox
 

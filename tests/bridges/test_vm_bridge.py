@@ -1,8 +1,8 @@
 """The vm bridge through the real MCP client over stdio, against a real computer-server.
 
 Every tool is called and its effect checked through another channel (a written file read back with
-``cat``, the clipboard read with ``xclip``); return texts are compared with the forms of the tools seed
-(``shared/seeds/002_f54c5f7e8ebfd8bd.txt``), which is encoded below as data.
+``cat``, the clipboard read with ``xclip``); return texts are compared with the forms of the MCP tools
+specification, which is encoded below as data.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.bridges.conftest import ALE_IAC, OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
-from tests.sandbox import desktop
-from tests.sandbox_fixtures import Endpoint
+from tests.support import desktop
+from tests.support.bridges import ALE_IAC, OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
+from tests.support.sandbox import Endpoint
 
 pytestmark = pytest.mark.sandbox
 

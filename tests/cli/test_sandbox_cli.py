@@ -44,11 +44,16 @@ def test_create_use_list_and_destroy_a_sandbox() -> None:
         async with ComputerServerClient(handle["endpoint"], token=token) as client:
             return (await client.run_command("echo hi from $(hostname)")).stdout
 
-    assert asyncio.run(use(token)).startswith("hi from ")
+    try:
+        said = asyncio.run(use(token))
+    except Exception as exc:
+        tails = "\n".join(local_runtime.log_tails(state) for state in local_runtime.list_sandboxes())
+        raise AssertionError(f"the sandbox stopped answering: {exc}\n{tails}") from exc
+    assert said.startswith("hi from ")
     with pytest.raises(ComputerServerError, match="HTTP 401"):
         asyncio.run(use(None))
     listed = json.loads(ale_iac("sandbox", "ls", "--json").stdout)
-    assert [(r["stack"], r["endpoint"]) for r in listed] == [(handle["stack"], handle["endpoint"])]
+    assert [(r["stack"], r["endpoint"], r["run"]) for r in listed] == [(handle["stack"], handle["endpoint"], "-")]
 
     destroyed = ale_iac("sandbox", "destroy", handle["stack"])
     assert destroyed.returncode == 0 and f"destroyed {handle['stack']}" in destroyed.stdout
@@ -88,6 +93,8 @@ def ale_iac_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.engine
+@pytest.mark.sandbox  # the host must be one where `local` can run
 def test_doctor_reports_the_toolchain_and_says_local_can_run() -> None:
     result = ale_iac("doctor", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

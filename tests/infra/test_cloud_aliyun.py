@@ -8,12 +8,11 @@ from typing import Any
 import pulumi
 import pytest
 
-from ale_iac.contract import UnitOutputs
+from ale_iac.contract import Shape, UnitOutputs, UnitSpec
 from ale_iac.errors import ConfigError
-from ale_iac.infra import UnitSpec
 from ale_iac.infra.mocks import RecordingMocks
-from ale_iac.profile import Shape, parse_profile
-from tests.infra.cloud_helpers import RUNNER, RUNNER_V6, aliyun_route, cloud_mocks, declare_units, profile
+from ale_iac.profile import parse_profile
+from tests.support.cloud import RUNNER, RUNNER_V6, aliyun_route, cloud_mocks, declare_units, profile
 
 INSTANCE = "alicloud:ecs/instance:Instance"
 SG = "alicloud:ecs/securityGroup:SecurityGroup"

@@ -10,11 +10,9 @@ from typing import Any
 import pulumi
 import pytest
 
-from ale_iac.contract import UnitOutputs
-from ale_iac.infra import UnitSpec
+from ale_iac.contract import Shape, UnitOutputs, UnitSpec
 from ale_iac.infra.mocks import RecordingMocks
-from ale_iac.profile import Shape
-from tests.infra.cloud_helpers import RUNNER, RUNNER_V6, aws_route, cloud_mocks, declare_units, profile
+from tests.support.cloud import RUNNER, RUNNER_V6, aws_route, cloud_mocks, declare_units, profile
 
 INSTANCE = "aws:ec2/instance:Instance"
 SG = "aws:ec2/securityGroup:SecurityGroup"

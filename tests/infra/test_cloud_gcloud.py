@@ -8,13 +8,11 @@ from typing import Any
 import pulumi
 import pytest
 
-from ale_iac.contract import UnitOutputs
-from ale_iac.infra import UnitSpec
-from ale_iac.infra.cloud_common import LABEL_KEYS, WINDOWS_DESKTOP_PATHS
+from ale_iac.contract import LINUX_DESKTOP_PATHS, WINDOWS_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
+from ale_iac.infra.cloud_common import LABEL_KEYS
 from ale_iac.infra.mocks import RecordingMocks
 from ale_iac.infra.shapes import ShapeError
-from ale_iac.profile import LINUX_DESKTOP_PATHS, Shape
-from tests.infra.cloud_helpers import RUNNER, RUNNER_V6, cloud_mocks, declare_units, gcloud_route, profile
+from tests.support.cloud import RUNNER, RUNNER_V6, cloud_mocks, declare_units, gcloud_route, profile
 
 INSTANCE = "gcp:compute/instance:Instance"
 FROM_MACHINE_IMAGE = "gcp:compute/instanceFromMachineImage:InstanceFromMachineImage"

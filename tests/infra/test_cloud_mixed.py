@@ -12,11 +12,11 @@ from typing import Any
 import pulumi
 import pytest
 
+from ale_iac.contract import UnitSpec
 from ale_iac.errors import ConfigError
-from ale_iac.infra import UnitSpec
 from ale_iac.infra.mocks import RecordingMocks
 from ale_iac.profile import resolve_profile
-from tests.infra.cloud_helpers import cloud_mocks, declare_units
+from tests.support.cloud import cloud_mocks, declare_units
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,7 @@ def mocks() -> Iterator[RecordingMocks]:
         yield recording
 
 
+@pytest.mark.image
 @pulumi.runtime.test
 def test_mixed_profile_routes_each_snapshot_to_its_provider_under_mocks(mocks: RecordingMocks) -> pulumi.Output[Any]:
     profile = resolve_profile("mixed").profile

@@ -10,9 +10,9 @@ from typing import Any
 import pulumi
 import pytest
 
-from ale_iac.infra import UnitSpec
+from ale_iac.contract import UnitSpec
 from ale_iac.infra.mocks import DuplicateResourceError, RecordingMocks, run_program
-from tests.infra.cloud_helpers import aws_route, cloud_mocks, declare_units, gcloud_route, profile
+from tests.support.cloud import aws_route, cloud_mocks, declare_units, gcloud_route, profile
 
 
 @pytest.fixture(autouse=True)

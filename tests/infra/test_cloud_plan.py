@@ -15,7 +15,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-import ale_iac.policy
+import ale_iac.infra.policy
 from ale_iac.cli import plan as plan_cli
 from ale_iac.errors import ConfigError
 from ale_iac.infra.plan import (
@@ -115,7 +115,7 @@ def test_plan_cli_writes_the_file_and_prints_a_summary_under_mocks(tmp_path: Pat
 def test_plan_cli_fails_when_the_policy_pack_finds_a_violation_under_mocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ale_iac.policy, "GUEST_TTL_MARKER", "a timer ale-iac does not write")
+    monkeypatch.setattr(ale_iac.infra.policy, "GUEST_TTL_MARKER", "a timer ale-iac does not write")
     out = tmp_path / "aws.txt"
     result = CliRunner().invoke(cli(), ["plan", "--profile", "aws", "--out", str(out)])
     assert result.exit_code == 1

@@ -20,10 +20,10 @@ from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from pulumi_policy import PolicyCustomTimeouts, PolicyResourceOptions, ResourceValidationArgs
 
-from ale_iac.infra import UnitSpec
+from ale_iac.contract import UnitSpec
 from ale_iac.infra.mocks import RecordedResource, RecordingMocks
-from ale_iac.policy import check_resource, resource_policies
-from tests.infra.cloud_helpers import RUNNER, aliyun_route, aws_route, cloud_mocks, declare_units, gcloud_route, profile
+from ale_iac.infra.policy import check_resource, resource_policies
+from tests.support.cloud import RUNNER, aliyun_route, aws_route, cloud_mocks, declare_units, gcloud_route, profile
 
 REPO = Path(__file__).resolve().parents[2]
 GCE_VM = "gcp:compute/instance:Instance"

@@ -17,7 +17,7 @@ import pytest
 
 from ale_iac.toolchain import find_toolchain
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from ale_iac.infra.cloud_common import (
     use_clock,
 )
 from ale_iac.profile import load_profile_file, stacks_dir
-from tests.infra.cloud_helpers import aliyun_route, aws_route, gcloud_route
+from tests.support.cloud import aliyun_route, aws_route, gcloud_route
 
 CLOUD_STACKS = ("gcloud", "aws", "aliyun", "pool-gcloud", "mixed")
 GCE_LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -182,7 +182,7 @@ def test_linux_startup_script_is_valid_sh_and_never_sets_container_name(tmp_path
 def test_import_profile_does_not_import_cloud_sdks() -> None:
     code = (
         "import sys, ale_iac.profile, ale_iac.cloud_routes, ale_iac.infra, ale_iac.infra.shapes, "
-        "ale_iac.infra.cloud_common, ale_iac.policy; "
+        "ale_iac.infra.cloud_common, ale_iac.infra.policy; "
         "print(sorted(m for m in sys.modules if m.startswith(('pulumi_gcp', 'pulumi_aws', 'pulumi_alicloud'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

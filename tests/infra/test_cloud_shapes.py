@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ale_iac.contract import Shape
 from ale_iac.infra.shapes import (
     DEFAULT_TYPES,
     SHAPE_TABLES,
@@ -15,7 +16,6 @@ from ale_iac.infra.shapes import (
     resolve_shape,
     table_markdown,
 )
-from ale_iac.profile import Shape
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "clouds.md"
 

@@ -14,10 +14,10 @@ import pulumi
 import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
-from ale_iac.contract import UnitOutputs
+from ale_iac.contract import LINUX_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
 from ale_iac.images import ImageInfo
-from ale_iac.infra import DeclareContext, UnitSpec
+from ale_iac.infra import DeclareContext
 from ale_iac.infra.local import (
     INPUT_KEYS,
     LocalSandboxProvider,
@@ -26,9 +26,9 @@ from ale_iac.infra.local import (
     new_sandbox_id,
 )
 from ale_iac.infra.mocks import RecordingMocks, install
-from ale_iac.profile import LINUX_DESKTOP_PATHS, LocalRoute, Shape
+from ale_iac.profile import LocalRoute
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.sandbox_fixtures import Endpoint, run, wait_for_status
+from tests.support.sandbox import Endpoint, run, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,9 +69,15 @@ def test_sandbox_ids_are_safe_and_unique() -> None:
 def test_any_input_change_replaces() -> None:
     provider = LocalSandboxProvider()
     olds = {
-        "name_prefix": "s-u", "rootfs": "/r", "image": "desktop-abc", "screen_width": 1280,
-        "screen_height": 800, "allow_outbound": False, "labels": {"a": "1"},
-        "sandbox_id": "s-u-123456", "endpoint": "http://127.0.0.1:1",
+        "name_prefix": "s-u",
+        "rootfs": "/r",
+        "image": "desktop-abc",
+        "screen_width": 1280,
+        "screen_height": 800,
+        "allow_outbound": False,
+        "labels": {"a": "1"},
+        "sandbox_id": "s-u-123456",
+        "endpoint": "http://127.0.0.1:1",
     }
     same = provider.diff("s-u-123456", olds, {k: olds[k] for k in INPUT_KEYS if k in olds})
     assert same.changes is False and same.replaces == []
@@ -116,7 +122,7 @@ def mocks() -> Iterator[RecordingMocks]:
     yield install(RecordingMocks())
 
 
-@pytest.mark.sandbox
+@pytest.mark.image
 @pulumi.runtime.test  # type: ignore[untyped-decorator]
 def test_declare_unit_under_mocks(mocks: RecordingMocks, desktop_image: ImageInfo) -> pulumi.Output[Any]:
     route = LocalRoute(provider="local", screen_width=1024, shape=Shape(vcpus=1, memory_gb=2))
@@ -190,7 +196,11 @@ def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_imag
     created = subprocess.run(
         [sys.executable, "-c", code],
         input=json.dumps({"provider": payload, "props": props}),
-        capture_output=True, text=True, check=False, cwd="/", timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+        timeout=120,
     )
     assert created.returncode == 0, created.stderr
     reply = json.loads(created.stdout)
@@ -211,7 +221,11 @@ def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_imag
         deleted = subprocess.run(
             [sys.executable, "-c", delete_code],
             input=json.dumps({"provider": payload, "id": sandbox_id, "outs": reply["outs"]}),
-            capture_output=True, text=True, check=False, cwd="/", timeout=60,
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd="/",
+            timeout=60,
         )
         assert deleted.returncode == 0, deleted.stderr
         assert local_runtime.load_state(sandbox_id) is None

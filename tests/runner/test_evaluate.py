@@ -19,51 +19,30 @@ from ale_iac.runner.gc import collect
 from ale_iac.runner.registry import read_claims
 from ale_iac.runner.runner import RunSummary, run_experiment
 from ale_iac.substrates.local import runtime as local_runtime
+from tests.support.tasks import make_preset, make_task
 
-# One xdist group: these tests count stacks, sandboxes and agent processes host-wide.
-pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]
+# One xdist group: these tests count stacks, sandboxes and agent processes host-wide. Whole runs, up to 68 s
+# each on a loaded 2-core host; the timeout lets their own deadlines (agents up in 240 s, then 180 s) fire first.
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.engine,
+    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.timeout(480),
+]
 
 REPO = Path(__file__).resolve().parents[2]
-
-TASK_MAIN = '''
-async def setup(sandbox):
-    if (await sandbox.read_text(sandbox.input_dir + "/question.txt")).strip() != "6*7":
-        raise RuntimeError("input was not staged")
-    if FAIL_SETUP:
-        raise RuntimeError("setup fails on purpose")
-
-
-async def evaluate(sandbox):
-    want = (await sandbox.read_text(sandbox.reference_dir + "/answer.txt")).split()[0]
-    result = await sandbox.run(f"cat {sandbox.output_dir}/answer.txt")
-    return 1.0 if result.exit_code == 0 and result.stdout.split()[:1] == [want] else 0.0
-'''
-
-
-def _task(root: Path, task_id: str, fail_setup: bool = False) -> None:
-    folder = root / task_id
-    (folder / "input").mkdir(parents=True)
-    (folder / "reference").mkdir()
-    (folder / "task.yaml").write_text(f"id: {task_id}\ninstruction: Answer the question in question.txt.\n")
-    (folder / "main.py").write_text(f"FAIL_SETUP = {fail_setup}\n" + TASK_MAIN)
-    (folder / "input" / "question.txt").write_text("6*7\n")
-    (folder / "reference" / "answer.txt").write_text("42\n")
-
-
-def _preset(root: Path, name: str, cls: str, extra: str = "") -> None:
-    (root / f"{name}.yaml").write_text(f"name: {name}\ndeployer: tests.runner.agents_support:{cls}\n{extra}")
 
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Path]:
     """A folder with trivial tasks and misbehaving agents; checks afterwards that nothing is left."""
-    _task(tmp_path, "answer")
-    _task(tmp_path, "answer-2")
-    _task(tmp_path, "broken-setup", fail_setup=True)
-    _preset(tmp_path, "writer", "WriterAgent")
-    _preset(tmp_path, "crash", "CrashAgent")
-    _preset(tmp_path, "sleepy", "SleepyAgent")
-    _preset(tmp_path, "secret", "SecretAgent", "secrets: [ALE_TEST_API_KEY]\n")
+    make_task(tmp_path, "answer")
+    make_task(tmp_path, "answer-2")
+    make_task(tmp_path, "broken-setup", fail_setup=True)
+    make_preset(tmp_path, "writer", "WriterAgent")
+    make_preset(tmp_path, "crash", "CrashAgent")
+    make_preset(tmp_path, "sleepy", "SleepyAgent")
+    make_preset(tmp_path, "secret", "SecretAgent", "secrets: [ALE_TEST_API_KEY]\n")
     yield tmp_path
 
 

@@ -12,9 +12,16 @@ import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.runner.test_evaluate import _preset, _task
+from tests.support.tasks import make_preset, make_task
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.slow, pytest.mark.xdist_group("evaluate")]
+# A pool stack via `pulumi up`, two evaluations on it, then `pulumi destroy`: 32 s on a loaded 2-core host,
+# with deadlines of its own of 300 s and more.
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.engine,
+    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.timeout(480),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,8 +58,8 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
 
         lab = tmp_path / "lab"
         lab.mkdir()
-        _task(lab, "answer")
-        _preset(lab, "writer", "WriterAgent", "settings: {linger_s: 6}\n")
+        make_task(lab, "answer")
+        make_preset(lab, "writer", "WriterAgent", "settings: {linger_s: 6}\n")
         runs = []
         for i in range(2):
             exp = lab / f"exp{i}.yaml"

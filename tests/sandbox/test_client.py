@@ -23,10 +23,11 @@ from ale_iac.sandbox.client import (
     UnsupportedServerError,
 )
 from ale_iac.sandbox.keys import UnknownKeyError, normalize_key, normalize_keys
-from tests.sandbox import desktop
-from tests.sandbox_fixtures import Endpoint
+from tests.support import desktop
+from tests.support.sandbox import Endpoint
 
-pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
+# The tests against the real server carry `sandbox`; the fake-server and key-name ones need nothing.
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
@@ -46,6 +47,7 @@ async def sh(client: ComputerServerClient, command: str) -> str:
     return result.stdout
 
 
+@pytest.mark.sandbox
 async def test_version_is_supported(client: ComputerServerClient) -> None:
     status = await client.status()
     assert status["status"] == "ok"
@@ -54,12 +56,14 @@ async def test_version_is_supported(client: ComputerServerClient) -> None:
     assert version.package.startswith("0.3.")
 
 
+@pytest.mark.sandbox
 async def test_run_command_exit_code_stdout_stderr(client: ComputerServerClient) -> None:
     result = await client.run_command("printf 'out\\n'; printf 'err\\n' >&2; exit 3")
     assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
     assert (await client.run_command("true")).exit_code == 0
 
 
+@pytest.mark.sandbox
 async def test_run_command_timeout_kills_the_command(client: ComputerServerClient) -> None:
     started = time.monotonic()
     result = await client.run_command("sleep 20", timeout=1)
@@ -69,6 +73,7 @@ async def test_run_command_timeout_kills_the_command(client: ComputerServerClien
     assert "timed out" in result.stderr
 
 
+@pytest.mark.sandbox
 async def test_background_process_does_not_hold_run_command(client: ComputerServerClient) -> None:
     """A command that leaves a process behind (``app &``) returns at once. It does not when the server runs
     under uvloop, whose children inherit the reply pipes: the image must ship the server without uvloop."""
@@ -79,6 +84,7 @@ async def test_background_process_does_not_hold_run_command(client: ComputerServ
     await client.run_command(f"kill {int(result.stdout)}")
 
 
+@pytest.mark.sandbox
 async def test_binary_file_of_one_mib_roundtrips_in_ranges(client: ComputerServerClient) -> None:
     path = f"/tmp/{desktop.unique('blob')}.bin"
     data = os.urandom(1024 * 1024 + 12345)
@@ -102,6 +108,7 @@ async def test_binary_file_of_one_mib_roundtrips_in_ranges(client: ComputerServe
         await client.run_command(f"rm -f {path}")
 
 
+@pytest.mark.sandbox
 async def test_text_files_and_directories(client: ComputerServerClient) -> None:
     root = f"/tmp/{desktop.unique('dir')}"
     await client.make_dir(f"{root}/a/b")
@@ -120,6 +127,7 @@ async def test_text_files_and_directories(client: ComputerServerClient) -> None:
     await client.run_command(f"rm -rf {root}")
 
 
+@pytest.mark.sandbox
 async def test_screenshot_is_a_png_of_the_screen_size(client: ComputerServerClient) -> None:
     png = await client.screenshot()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
@@ -129,6 +137,7 @@ async def test_screenshot_is_a_png_of_the_screen_size(client: ComputerServerClie
     assert (width, height) == (int(geometry[0]), int(geometry[1]))
 
 
+@pytest.mark.sandbox
 async def test_clipboard_roundtrip(client: ComputerServerClient) -> None:
     text = f"clip-ü-{desktop.unique('x')}"
     await client.set_clipboard(text)
@@ -151,6 +160,7 @@ async def read_until(client: ComputerServerClient, pid: int, needle: bytes, time
     return out
 
 
+@pytest.mark.sandbox
 async def test_pty_interactive_program_exits_with_its_code(client: ComputerServerClient) -> None:
     script = 'printf "name? "; read n; echo "hello $n"; exit 7'
     pid = await client.pty_start(f"sh -c {shlex.quote(script)}")
@@ -167,6 +177,7 @@ async def test_pty_interactive_program_exits_with_its_code(client: ComputerServe
     assert await client.pty_kill(pid) in (True, False)
 
 
+@pytest.mark.sandbox
 async def test_pty_bash_session_resize_and_ctrl_c(client: ComputerServerClient) -> None:
     pid = await client.pty_start(cols=90, rows=20, env={"ALE_PTY_TEST": "yes"}, cwd="/tmp")
     try:
@@ -186,6 +197,7 @@ async def test_pty_bash_session_resize_and_ctrl_c(client: ComputerServerClient) 
         await client.pty_read(pid)
 
 
+@pytest.mark.sandbox
 async def test_mouse_click_focus_and_typed_text_arrive(client: ComputerServerClient) -> None:
     screen = await client.screen_size()
     typed = f"/tmp/{desktop.unique('typed')}"
@@ -215,6 +227,7 @@ async def test_mouse_click_focus_and_typed_text_arrive(client: ComputerServerCli
         )
 
 
+@pytest.mark.sandbox
 async def test_errors_are_one_line_and_name_the_command(client: ComputerServerClient) -> None:
     with pytest.raises(ComputerServerError) as err:
         await client._cmd("no_such_command")  # the only way to make a real server answer HTTP 400

@@ -83,8 +83,15 @@ def proxy(upstream: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     token_file.write_text(TOKEN + "\n")
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "ale_iac.substrates.authproxy", "--listen", "127.0.0.1:0",
-            "--upstream", f"127.0.0.1:{upstream}", "--token-file", str(token_file),
+            sys.executable,
+            "-m",
+            "ale_iac.substrates.authproxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            f"127.0.0.1:{upstream}",
+            "--token-file",
+            str(token_file),
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -35,8 +35,8 @@ from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
-from tests.sandbox_fixtures import Endpoint, new_sandbox_id, run, wait_for_status
-from tests.substrates.test_seccomp import PROBE_SCRIPT, PROBES, nr
+from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
+from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 pytestmark = pytest.mark.sandbox
 

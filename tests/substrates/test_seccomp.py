@@ -19,13 +19,12 @@ import json
 import struct
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 
-import pyseccomp
 import pytest
 
 from ale_iac.substrates.seccomp import CLONE_NEWUSER, SANDBOX_POLICY, TIOCSTI, ArgMatch, compile_bpf
+from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7
@@ -39,10 +38,6 @@ SECCOMP_RET_ACTION_FULL = 0xFFFF0000
 def native_arch() -> int:
     machine = __import__("platform").machine()
     return {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}[machine]
-
-
-def nr(name: str) -> int:
-    return int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name))
 
 
 # --- a classic BPF interpreter, for the opcodes a seccomp program uses ----------------------------------
@@ -181,45 +176,7 @@ def test_the_policy_is_well_formed() -> None:
 
 
 # --- each family against the kernel ------------------------------------------------------------------------
-
-# One representative call per family: (syscall, args). Arguments are chosen so that, without the
-# filter, the kernel answers with something other than the family's errno, and nothing on the host
-# changes (bad pointers, bad flags, read-only queries).
-PROBES: dict[str, tuple[str, tuple[int, ...]]] = {
-    "user-namespaces": ("unshare", (CLONE_NEWUSER,)),
-    "clone3": ("clone3", (0, 0)),
-    "namespaces": ("setns", (2**31 - 1, 0)),
-    "keyring": ("keyctl", (0, 2**32 - 4, 0)),  # KEYCTL_GET_KEYRING_ID of the user keyring
-    "bpf": ("bpf", (2**31 - 1, 0, 0)),
-    "perf": ("perf_event_open", (0, 0, 2**32 - 1, 2**32 - 1, 0)),
-    "userfaultfd": ("userfaultfd", (0xFFFF,)),
-    "io-uring": ("io_uring_setup", (1, 0)),
-    "mount": ("mount_setattr", (2**32 - 1, 0, 0xFFFF, 0, 0)),
-    "kernel-modules": ("delete_module", (0, 0)),
-    "kexec": ("kexec_load", (0, 0, 0, 0xFFFFFFFF)),
-    "host-system": ("reboot", (0, 0, 0, 0)),  # a wrong magic number: the kernel answers EINVAL
-    "file-handles": ("open_by_handle_at", (2**32 - 1, 0, 0)),
-    "tty-injection": ("ioctl", (2**31 - 1, TIOCSTI, 0)),
-    "tty-linux": ("ioctl", (2**31 - 1, 0x541C, 0)),
-}
-
-PROBE_SCRIPT = textwrap.dedent(
-    """
-    import ctypes, json, os, sys
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    number, args, filter_path = json.loads(sys.argv[1])
-    if filter_path:
-        program = open(filter_path, "rb").read()
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-        prog = SockFprog(len(program) // 8, program)
-        assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
-        assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
-    result = libc.syscall(number, *[ctypes.c_ulong(a) for a in args])
-    print(json.dumps({"result": result, "errno": ctypes.get_errno() if result < 0 else 0}))
-    """
-)
+# The probes (one representative call per family) are in tests/support/seccomp.py, shared with test_isolation.py.
 
 
 def probe(number: int, args: tuple[int, ...], filter_path: str | None) -> dict[str, int]:
@@ -239,7 +196,12 @@ def test_every_family_has_a_probe() -> None:
     assert set(PROBES) == {family.name for family in SANDBOX_POLICY.families}
 
 
-@pytest.mark.parametrize("family_name", sorted(PROBES))
+# The control calls are chosen for root: without CAP_SYS_BOOT, reboot answers EPERM (the family's errno)
+# before it looks at its magic number.
+@pytest.mark.parametrize(
+    "family_name",
+    [pytest.param(name, marks=pytest.mark.needs_root) if name == "host-system" else name for name in sorted(PROBES)],
+)
 def test_each_family_is_enforced_by_the_kernel(family_name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     family = SANDBOX_POLICY.family(family_name)
     syscall, args = PROBES[family_name]

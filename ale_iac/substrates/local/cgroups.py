@@ -11,6 +11,7 @@ the record says so. Standard library only: the supervisor imports it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -44,8 +45,11 @@ class Limits:
     """CPU time as a number of CPUs (a CFS quota), not a set of CPUs."""
 
 
-def cgroup_name(sandbox_id: str) -> str:
-    return f"ale-iac-{sandbox_id}"
+def cgroup_name(sandbox_id: str, state_dir: str) -> str:
+    """``ale-iac-<id>-<hash of the state dir>``: cgroups are host-wide, sandbox ids only unique per
+    ale-iac home, so two homes (two users, two test runs) never share a sandbox's cgroups."""
+    digest = hashlib.sha256(state_dir.encode()).hexdigest()[:10]
+    return f"ale-iac-{sandbox_id}-{digest}"
 
 
 def _own_paths() -> dict[str, str]:
@@ -65,8 +69,8 @@ def is_v1() -> bool:
 class SandboxCgroups:
     """The cgroups of one sandbox: made by :meth:`apply`, joined by :meth:`join`, removed by :func:`remove`."""
 
-    def __init__(self, sandbox_id: str) -> None:
-        self.name = cgroup_name(sandbox_id)
+    def __init__(self, sandbox_id: str, state_dir: str) -> None:
+        self.name = cgroup_name(sandbox_id, state_dir)
         self.paths: list[Path] = []
         self.records: list[LimitRecord] = []
 
@@ -167,9 +171,9 @@ class SandboxCgroups:
             (folder / "cgroup.procs").write_text(str(pid if pid is not None else os.getpid()))
 
 
-def find(sandbox_id: str) -> list[Path]:
+def find(sandbox_id: str, state_dir: str) -> list[Path]:
     """Every cgroup named for the sandbox, wherever it is (for a supervisor that died before saving)."""
-    name = cgroup_name(sandbox_id)
+    name = cgroup_name(sandbox_id, state_dir)
     found: list[Path] = []
     roots = [p for p in ROOT.iterdir() if p.is_dir() and not p.is_symlink()] if is_v1() else [ROOT]
     for root in roots:

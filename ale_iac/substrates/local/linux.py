@@ -2,7 +2,7 @@
 
 Namespaces (``unshare``, ``setns``, a user namespace with a given id mapping), mounts (``mount``,
 and the new mount API for an id-mapped bind: ``open_tree``, ``mount_setattr``, ``move_mount``)
-and ``prctl``. Standard library (ctypes) only: the supervisor imports it.
+Standard library (ctypes) only.
 
 Syscall numbers are those of x86_64 and aarch64 alike for the new mount API (added after the
 architectures' tables were unified); ``unshare``/``setns``/``mount`` go through libc.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 from typing import Final
 
 CLONE_NEWNS: Final = 0x00020000
@@ -38,8 +37,6 @@ _MOUNT_ATTR_RDONLY: Final = 0x1
 _MOUNT_ATTR_NOSUID: Final = 0x2
 _MOUNT_ATTR_NODEV: Final = 0x4
 _MOUNT_ATTR_IDMAP: Final = 0x100000
-
-PR_SET_PDEATHSIG: Final = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -80,11 +77,6 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
         ),
         f"mount {target}",
     )
-
-
-def die_with_parent() -> None:
-    """In a child before exec: SIGKILL it when its parent dies, however the parent dies."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def private_mount_namespace() -> None:

@@ -52,14 +52,15 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ale_iac import procs
 from ale_iac.errors import AleIacError
+from ale_iac.files import write_json_atomic
 from ale_iac.hostcheck import Check
+from ale_iac.paths import ale_home
 from ale_iac.substrates.local import cgroups
 from ale_iac.substrates.local.cgroups import LimitRecord
 
@@ -134,9 +135,9 @@ class LocalSandboxState:
 
     sandbox_id: str
     supervisor_pid: int
-    supervisor_start_time: int
-    """Start time of the supervisor in clock ticks after boot (``/proc/<pid>/stat`` field 22), so
-    that a recycled pid is never taken for the supervisor."""
+    supervisor_start_time: float
+    """Start time of the supervisor (``ale_iac.procs.start_time``), so that a recycled pid is never
+    taken for the supervisor."""
     host_port: int
     endpoint: str
     state_dir: str
@@ -172,7 +173,7 @@ class LocalSandboxState:
 
 def home_dir() -> Path:
     """``${ALE_IAC_HOME:-~/.ale-iac}``."""
-    return Path(os.environ.get("ALE_IAC_HOME") or Path.home() / ".ale-iac").expanduser()
+    return ale_home()
 
 
 def sandboxes_dir(home: Path | None = None) -> Path:
@@ -264,116 +265,7 @@ def check_host() -> None:
         raise SandboxError(f"local sandboxes cannot run on this host: {needs}")
 
 
-# --- /proc helpers -----------------------------------------------------------------------------
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks), or None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rindex(")") + 2 :].split()
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
-
-
-def _proc_ppid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
-def _proc_pgid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[2])
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _readlink(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
-
-
-def pid_namespace(pid: int) -> str | None:
-    return _readlink(f"/proc/{pid}/ns/pid")
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (by parent pid), from one scan of /proc."""
-    children: dict[int, list[int]] = {}
-    for candidate in _all_pids():
-        parent = _proc_ppid(candidate)
-        if parent is not None:
-            children.setdefault(parent, []).append(candidate)
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
-
-
-def rss_bytes(pids: Iterable[int]) -> int:
-    """Sum of VmRSS over ``pids`` (processes that are gone count 0)."""
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            continue
-    return total
-
-
-def wait_pid_gone(pid: int, start_time: int | None, timeout: float) -> bool:
-    """Wait until ``pid`` (with that start time) has exited; True if it did within ``timeout``.
-
-    Uses a pidfd, so the wait is a blocking poll on the kernel's exit notification, not a sleep
-    loop; a process that is not our child cannot be waited for any other way.
-    """
-    if start_time is None:
-        start_time = proc_start_time(pid)
-        if start_time is None:
-            return True
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        if proc_start_time(pid) != start_time:
-            return True  # gone (or a zombie) or recycled
-        ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
-        return bool(ready) or proc_start_time(pid) != start_time
-    finally:
-        os.close(fd)
-
-
 # --- state files -------------------------------------------------------------------------------
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` whole or not at all, readable by its owner only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def load_state(sandbox_id: str, *, home: Path | None = None) -> LocalSandboxState | None:
@@ -427,14 +319,14 @@ def is_alive(state: LocalSandboxState) -> bool:
     """True while the sandbox's supervisor (the very process that was started) runs."""
     if state.supervisor_pid <= 0:
         return False
-    return proc_start_time(state.supervisor_pid) == state.supervisor_start_time
+    return procs.is_running(state.supervisor_pid, state.supervisor_start_time)
 
 
 def sandbox_pids(state: LocalSandboxState) -> list[int]:
     """The supervisor and every process under it (slirp4netns, bwrap, everything in the sandbox)."""
     if not is_alive(state):
         return []
-    return descendants(state.supervisor_pid)
+    return procs.descendants(state.supervisor_pid)
 
 
 # --- logs and the token ----------------------------------------------------------------------
@@ -616,20 +508,12 @@ def _read_ready(fd: int, timeout: float) -> dict[str, Any]:
 # --- stop --------------------------------------------------------------------------------------
 
 
-def _argv(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
 # Executables the supervisor starts with the state dir in their arguments or as their cwd.
 _OWN_EXECUTABLES = frozenset({"bwrap", "slirp4netns"})
 SUPERVISOR_MODULE = "ale_iac.substrates.local.supervisor"
 
 
-def _owned_processes(folder: Path, pidns: str | None) -> list[tuple[int, int]]:
+def _owned_processes(folder: Path, pidns: str | None) -> list[tuple[int, float]]:
     """(pid, start time) of every process that belongs to the sandbox in ``folder``.
 
     Ours are: the supervisor (its module and the state dir in its argv); the unshare/bwrap and
@@ -640,27 +524,27 @@ def _owned_processes(folder: Path, pidns: str | None) -> list[tuple[int, int]]:
     marker = re.compile(re.escape(str(folder)) + r"(?=/|,|$)")
     own = os.getpid()
     found = []
-    for pid in _all_pids():
+    for pid in procs.all_pids():
         if pid == own:
             continue
-        argv = _argv(pid)
+        argv = procs.argv(pid)
         if not argv:
             continue
         exe = os.path.basename(argv[0])
         mentions = any(marker.search(arg) for arg in argv)
         belongs = (
             (any(SUPERVISOR_MODULE in arg for arg in argv) and mentions)
-            or (exe in _OWN_EXECUTABLES and (mentions or _readlink(f"/proc/{pid}/cwd") == str(folder)))
-            or (pidns is not None and pid_namespace(pid) == pidns)
+            or (exe in _OWN_EXECUTABLES and (mentions or procs.cwd(pid) == str(folder)))
+            or (pidns is not None and procs.namespace(pid) == pidns)
         )
         if belongs:
-            start_time = proc_start_time(pid)
+            start_time = procs.start_time(pid)
             if start_time is not None:
                 found.append((pid, start_time))
     return found
 
 
-def _kill_session(state: LocalSandboxState, owned: list[tuple[int, int]]) -> None:
+def _kill_session(state: LocalSandboxState, owned: list[tuple[int, float]]) -> None:
     """SIGKILL the supervisor's process group (it leads its own session), if it is provably ours.
 
     That is so while the supervisor itself runs, or while one of our processes is still in the
@@ -670,13 +554,13 @@ def _kill_session(state: LocalSandboxState, owned: list[tuple[int, int]]) -> Non
     group = state.supervisor_pid
     if group <= 0:
         return
-    if is_alive(state) or any(_proc_pgid(pid) == group for pid, _ in owned):
+    if is_alive(state) or any(procs.group(pid) == group for pid, _ in owned):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
 
 
-def _kill(pid: int, start_time: int | None, sig: int) -> None:
-    if start_time is not None and proc_start_time(pid) != start_time:
+def _kill(pid: int, start_time: float | None, sig: int) -> None:
+    if start_time is not None and procs.start_time(pid) != start_time:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
@@ -707,9 +591,9 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
     if is_alive(state):
         # The supervisor stops the sandbox gracefully (SIGTERM to its init, then SIGKILL).
         _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGTERM)
-        if not wait_pid_gone(state.supervisor_pid, state.supervisor_start_time, timeout):
+        if not procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, timeout):
             _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGKILL)
-            wait_pid_gone(state.supervisor_pid, state.supervisor_start_time, 5.0)
+            procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, 5.0)
     # Whatever is left (a supervisor that was SIGKILLed cannot clean up), killed outright.
     for _ in range(3):
         left = _owned_processes(folder, state.pid_namespace)
@@ -719,14 +603,14 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
         for pid, start_time in left:
             _kill(pid, start_time, signal.SIGKILL)
         for pid, start_time in left:
-            wait_pid_gone(pid, start_time, 5.0)
+            procs.wait_gone(pid, start_time, 5.0)
     else:
         left = _owned_processes(folder, state.pid_namespace)
         if left:
             raise SandboxError(f"sandbox {sandbox_id}: processes {[p for p, _ in left]} do not die")
     # No cgroups in the state: the supervisor may have died between making them and recording
     # them, so look for them by name.
-    paths = [Path(p) for p in state.cgroups] or cgroups.find(sandbox_id)
+    paths = [Path(p) for p in state.cgroups] or cgroups.find(sandbox_id, str(folder))
     try:
         cgroups.remove(paths, sandbox_id)
     except cgroups.CgroupError as exc:
@@ -750,7 +634,3 @@ def _remove_tree(folder: Path) -> None:
             raise exc_info[1]
 
     shutil.rmtree(folder, onerror=ignore_missing)
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

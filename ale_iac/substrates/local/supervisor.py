@@ -1,7 +1,7 @@
 """The supervisor of one local sandbox: ``python -m ale_iac.substrates.local.supervisor STATE_DIR``.
 
 Started (detached, in its own session) by ``runtime.start``. It lives as long as the sandbox, so it
-imports only the standard library and this package's small modules (keep it that way: every
+imports only the standard library, psutil and small modules of ours (keep it that way: every
 import here is memory per sandbox). It owns the sandbox's processes for their whole life:
 
 1. makes the sandbox's cgroups (memory, pids, CPU quota) and records what it applied;
@@ -49,6 +49,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ale_iac import procs
+from ale_iac.clock import utc_now
+from ale_iac.files import write_json_atomic
 from ale_iac.substrates.authproxy import AuthProxy, tcp_connector
 from ale_iac.substrates.local import cgroups, linux
 from ale_iac.substrates.local.runtime import (
@@ -66,11 +69,7 @@ from ale_iac.substrates.local.runtime import (
     LocalSandboxSpec,
     LocalSandboxState,
     copy_tail,
-    now_iso,
-    pid_namespace,
-    proc_start_time,
     uid_base_of,
-    write_json_atomic,
 )
 
 SLIRP_SOCKET = "slirp.sock"  # relative to the state dir (our cwd): keeps the path short
@@ -126,11 +125,11 @@ class Supervisor:
         self.token = (folder / TOKEN_FILE).read_text().strip()
         self.logs = folder / LOGS_DIR
         self.pid = os.getpid()
-        start_time = proc_start_time(self.pid)
+        start_time = procs.start_time(self.pid)
         assert start_time is not None
         self.start_time = start_time
-        self.created_at = now_iso()
-        self.cgroups = cgroups.SandboxCgroups(self.spec.sandbox_id)
+        self.created_at = utc_now("seconds")
+        self.cgroups = cgroups.SandboxCgroups(self.spec.sandbox_id, str(folder))
         self.uid_base = uid_base_of(self.spec.sandbox_id)
         self.userns_fd = -1
         self.sandbox: subprocess.Popen[bytes] | None = None
@@ -344,7 +343,7 @@ class Supervisor:
     def _preexec_sandbox(self) -> None:
         """preexec_fn of bwrap: cgroups first (every later process inherits them), then become the
         user namespace's root, so that bwrap makes every other namespace inside it."""
-        linux.die_with_parent()
+        procs.die_with_parent()
         self.cgroups.join()
         linux.become_root_of(self.userns_fd)
 
@@ -396,7 +395,7 @@ class Supervisor:
             data += chunk
         os.close(info_r)
         self.init_pid = int(info["child-pid"])
-        self.pidns = pid_namespace(self.init_pid)
+        self.pidns = procs.namespace(self.init_pid)
 
     def start_slirp(self) -> None:
         """Outbound network for a sandbox whose spec allows it: slirp4netns with its own DNS."""
@@ -422,7 +421,7 @@ class Supervisor:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 pass_fds=(exit_r, ready_w),
-                preexec_fn=linux.die_with_parent,  # noqa: PLW1509
+                preexec_fn=procs.die_with_parent,  # noqa: PLW1509
                 cwd=self.folder,
             )
         os.close(exit_r)
@@ -455,7 +454,12 @@ class Supervisor:
                 os.close(netns)
                 joined.set()
             proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
-            asyncio.run(proxy.serve(listener))
+            try:
+                asyncio.run(proxy.serve(listener))
+            except BaseException:
+                # Without its endpoint the sandbox is useless: say why, and stop it.
+                log("the endpoint failed:\n" + traceback.format_exc())
+                os.kill(os.getpid(), signal.SIGTERM)
 
         threading.Thread(target=serve, name="endpoint", daemon=True).start()
         joined.wait()

@@ -10,7 +10,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ale_iac.runner.tasks import TaskSandbox
+    from ale_iac.task import TaskSandbox
 
 OUTPUT_NAME = "summary.txt"
 LOG_COUNT = 3

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ale_iac.runner.tasks import TaskSandbox
+    from ale_iac.task import TaskSandbox
 
 APP_SOURCE = Path(__file__).parent / "app" / "notepad.py"
 WINDOW_TITLE = "ALE Notepad"

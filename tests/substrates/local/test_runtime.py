@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from ale_iac import procs
 from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
-from tests.sandbox_fixtures import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
+from tests.support.sandbox import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -47,7 +48,7 @@ def connect_from_sandbox(endpoint: Target, host: str, port: int) -> dict[str, ob
         "except OSError as exc:\n"
         "    print('failed', exc); sys.exit(3)\n"
     )
-    return run(endpoint, f"python3 -c \"{script}\"")
+    return run(endpoint, f'python3 -c "{script}"')
 
 
 def accepted_anything(server: socket.socket) -> bool:
@@ -150,7 +151,7 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
-    alive = [pid for pid in pids if local_runtime.proc_start_time(pid) is not None]
+    alive = [pid for pid in pids if procs.start_time(pid) is not None]
     assert not alive, f"processes still running: {alive}"
     assert not processes_mentioning(state.sandbox_id)
     assert not mounts_mentioning(state.sandbox_id)
@@ -162,15 +163,17 @@ def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
     assert local_runtime.load_state(state.sandbox_id, home=sandbox_home(state)) is None
 
 
-# --- no sandbox needed ---------------------------------------------------------------------------
+# --- no running sandbox (marked: the host must be able to run one; start() checks that first) ----
 
 
+@pytest.mark.sandbox
 def test_invalid_sandbox_id_is_refused(tmp_path: Path) -> None:
     spec = LocalSandboxSpec(sandbox_id="Bad_ID!", rootfs=str(tmp_path))
     with pytest.raises(SandboxError, match="invalid sandbox id"):
         local_runtime.start(spec)
 
 
+@pytest.mark.sandbox
 def test_missing_rootfs_is_a_clear_error(tmp_path: Path) -> None:
     spec = LocalSandboxSpec(sandbox_id="no-rootfs", rootfs=str(tmp_path / "nope"))
     with pytest.raises(SandboxError, match="does not exist; build the image first"):
@@ -189,10 +192,9 @@ def test_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         local_runtime.check_host.cache_clear()
 
 
-def test_doctor_reports_what_the_runtime_enforces() -> None:
-    from ale_iac import hostcheck
-
-    assert hostcheck.local_substrate_checks() == local_runtime.host_checks()
+@pytest.mark.sandbox
+def test_the_host_checks_pass_here() -> None:
+    """``ale-iac doctor`` prints this same list (tests/cli: doctor says local can run)."""
     assert all(check.ok for check in local_runtime.host_checks()), local_runtime.host_checks()
 
 
@@ -206,6 +208,7 @@ def test_non_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         local_runtime.check_host.cache_clear()
 
 
+@pytest.mark.sandbox
 def test_a_setup_failure_is_reported_and_cleaned_up(tmp_path: Path) -> None:
     """The supervisor's error reaches start(), with its log, and nothing is left behind."""
     rootfs = tmp_path / "not-an-image"  # an init, but none of the image's conventions
@@ -426,9 +429,7 @@ def test_hints_beyond_the_host_are_recorded_not_fatal(sandbox_factory: SandboxFa
 
 @pytest.mark.sandbox
 def test_stop_leaves_nothing_behind(desktop_image: ImageInfo) -> None:
-    spec = LocalSandboxSpec(
-        sandbox_id="stop-clean", rootfs=str(desktop_image.rootfs), vcpus=1, memory_gb=1.0
-    )
+    spec = LocalSandboxSpec(sandbox_id="stop-clean", rootfs=str(desktop_image.rootfs), vcpus=1, memory_gb=1.0)
     state = local_runtime.start(spec)
     try:
         wait_for_status(state)
@@ -449,7 +450,7 @@ def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
         wait_for_status(state)
         pids = local_runtime.sandbox_pids(state)
         os.kill(state.supervisor_pid, signal.SIGKILL)
-        assert local_runtime.wait_pid_gone(state.supervisor_pid, state.supervisor_start_time, 10)
+        assert procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, 10)
         assert not local_runtime.is_alive(state)
         # The state dir is still there, so a garbage collector finds the dead sandbox.
         listed = [s.sandbox_id for s in local_runtime.list_sandboxes()]
@@ -467,9 +468,9 @@ def test_sandbox_dies_with_its_supervisor(desktop_image: ImageInfo) -> None:
     try:
         wait_for_status(state)
         assert state.init_pid is not None
-        init_start = local_runtime.proc_start_time(state.init_pid)
+        init_start = procs.start_time(state.init_pid)
         os.kill(state.supervisor_pid, signal.SIGKILL)
-        assert local_runtime.wait_pid_gone(state.init_pid, init_start, 10)
+        assert procs.wait_gone(state.init_pid, init_start, 10)
     finally:
         local_runtime.stop(state.sandbox_id)
 
@@ -489,7 +490,7 @@ def test_a_failing_start_cleans_up(desktop_image: ImageInfo) -> None:
     state = local_runtime.start(spec)  # start() does not wait for the server: the init fails later
     try:
         supervisor_start = state.supervisor_start_time
-        assert local_runtime.wait_pid_gone(state.supervisor_pid, supervisor_start, 20)
+        assert procs.wait_gone(state.supervisor_pid, supervisor_start, 20)
         reloaded = local_runtime.load_state("bad-init")
         assert reloaded is not None and reloaded.phase == "exited"
         assert reloaded.exit_code not in (None, 0)

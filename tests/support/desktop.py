@@ -12,8 +12,8 @@ import shlex
 import uuid
 from dataclasses import dataclass
 
-# xterm drops synthetic key events unless told otherwise, and the server types with XSendEvent
-# (shared/notes/computer-server.md §5).
+# xterm drops synthetic key events unless told otherwise, and the computer-server types with
+# XSendEvent.
 XTERM = "xterm -xrm 'XTerm*allowSendEvents: true'"
 
 

@@ -1,15 +1,6 @@
-"""Pytest plugin: real ``local`` sandboxes (bubblewrap + slirp4netns + the computer-server).
+"""Talking to a real computer-server from a test: the endpoint, readiness, ``/cmd`` and ``run_command``.
 
-Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.sandbox_fixtures"]``).
-
-* ``desktop_image`` (session): the ``desktop`` image, built once and then reused from the cache.
-* ``local_sandbox`` (session): one running sandbox whose ``/status`` answers; stopped at the end.
-  It lives in its own ale-iac home, so the per-test ``ALE_IAC_HOME`` of ``conftest.py`` does not
-  hide it; use ``sandbox_home(state)`` to address it.
-* ``sandbox_factory`` (function): ``make(**spec_fields)`` starts more sandboxes (in the test's
-  ale-iac home) and waits until they answer; all are stopped at teardown, pass or fail.
-
-Tests using them carry ``@pytest.mark.sandbox``.
+The fixtures that start the sandboxes these helpers talk to are in ``tests/support/fixtures.py``.
 """
 
 from __future__ import annotations
@@ -17,19 +8,17 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
-from ale_iac.images import ImageInfo, build_image
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.local.runtime import LocalSandboxState
 
 READY_TIMEOUT_S = 90.0
 POLL_INTERVAL_S = 0.05
@@ -131,55 +120,5 @@ def new_sandbox_id(prefix: str = "test") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
 
 
-@pytest.fixture(scope="session")
-def desktop_image() -> ImageInfo:
-    """The desktop image; the first session on a machine builds it (a few minutes)."""
-    return build_image("desktop")
-
-
-@pytest.fixture(scope="session")
-def local_sandbox(
-    desktop_image: ImageInfo, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalSandboxState]:
-    home = tmp_path_factory.mktemp("sandbox-home")
-    spec = LocalSandboxSpec(
-        sandbox_id=new_sandbox_id("session"),
-        rootfs=str(desktop_image.rootfs),
-        labels={"purpose": "pytest-session"},
-    )
-    state = local_runtime.start(spec, home=home)
-    try:
-        wait_for_status(state)
-        yield state
-    finally:
-        local_runtime.stop(state.sandbox_id, home=home)
-
-
 SandboxFactory = Callable[..., LocalSandboxState]
-
-
-@pytest.fixture
-def sandbox_factory(desktop_image: ImageInfo) -> Iterator[SandboxFactory]:
-    """``make(wait=True, **spec_fields)``: start a sandbox from the desktop image."""
-    started: list[LocalSandboxState] = []
-
-    def make(wait: bool = True, **fields: Any) -> LocalSandboxState:
-        fields.setdefault("sandbox_id", new_sandbox_id())
-        fields.setdefault("rootfs", str(desktop_image.rootfs))
-        state = local_runtime.start(LocalSandboxSpec(**fields))
-        started.append(state)
-        if wait:
-            wait_for_status(state)
-        return state
-
-    try:
-        yield make
-    finally:
-        errors = []
-        for state in started:
-            try:
-                local_runtime.stop(state.sandbox_id, home=sandbox_home(state))
-            except Exception as exc:  # keep stopping the others
-                errors.append(f"{state.sandbox_id}: {exc}")
-        if errors:
-            raise AssertionError("sandbox teardown failed: " + "; ".join(errors))
+"""What the ``sandbox_factory`` fixture yields: ``make(wait=True, **spec_fields)``."""

@@ -2,7 +2,7 @@
 
 No cloud is reachable from the test machines and no provider plugin can be had, so every cloud
 test runs the real declarations under :class:`ale_iac.infra.mocks.RecordingMocks` and asserts on
-the inputs the engine would have received. Rules from notes/pulumi.md §3.4: mocks are installed
+the inputs the engine would have received. Rules for honest mocks: they are installed
 by an autouse fixture in each test module (never at import time), tests are sync
 ``@pulumi.runtime.test`` functions that return the Output their checks hang on, preview=False,
 and the mocks raise on a duplicate (type, name).
@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from ale_iac.contract import UnitSpec
 from ale_iac.infra.cloud_common import use_clock
-from ale_iac.infra.declaration import UnitSpec, declare
+from ale_iac.infra.declaration import declare
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import Profile, parse_profile
 

@@ -9,18 +9,15 @@ are written as files next to the trajectory and referenced from the observation'
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ale_iac.clock import utc_now
+
 SCHEMA_VERSION = "ATIF-v1.4"
 StepSource = Literal["system", "user", "agent"]
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Model(BaseModel):
@@ -46,7 +43,7 @@ class Observation(_Model):
 
 class Step(_Model):
     step_id: int
-    timestamp: str = Field(default_factory=now_iso)
+    timestamp: str = Field(default_factory=utc_now)
     source: StepSource
     message: str = ""
     tool_calls: list[ToolCall] | None = None

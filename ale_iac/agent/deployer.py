@@ -1,4 +1,5 @@
-"""The agent contract: a deployer says *what* to do to run an agent; an executor decides *where*.
+"""The deployer: what to do to run an agent (install, launch, parse its artifacts), written once for
+every executor.
 
 A deployer is plain Python that does all its I/O through the executor it is handed
 (``self.executor``) and never asks where it runs. The runner calls, once per unit::
@@ -14,48 +15,12 @@ import importlib.util
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from ale_iac.agent.config import AgentConfig, AgentRunResult, ToolCatalog
+from ale_iac.agent.executor import BaseExecutor
+from ale_iac.agent.trajectory import Trajectory
 from ale_iac.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ale_iac.executors import BaseExecutor
-    from ale_iac.runner.trajectory import Trajectory
-
-AgentStatus = Literal["completed", "failed", "timeout"]
-EXECUTOR_KINDS = ("local", "sandbox", "docker")
-
-
-class AgentConfig(BaseModel):
-    """An agent preset (``agents/<name>/preset.yaml``), possibly overridden by the experiment."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="Agent name used in unit ids and records.")
-    deployer: str = Field(description="'file.py:Class' relative to the preset folder, or 'module:Class'.")
-    executor: str | None = Field(default=None, description="local | sandbox | docker; default: the deployer's.")
-    model: str | None = Field(default=None, description="Model identifier, if the agent uses one.")
-    secrets: list[str] = Field(
-        default_factory=list,
-        description="Names of environment variables handed to the agent as secrets (values are redacted "
-        "from every record).",
-    )
-    settings: dict[str, Any] = Field(default_factory=dict, description="Deployer-specific knobs.")
-    source_dir: str = Field(default="", description="Folder of the preset (set by the loader).")
-
-
-class AgentRunResult(BaseModel):
-    """What ``launch`` returns. Pure data: it may cross an executor boundary as JSON."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    status: AgentStatus
-    exit_code: int | None = None
-    error: str | None = None
-    duration_s: float = 0.0
-    logs: list[str] = Field(default_factory=list, description="Raw log files the agent wrote (work-dir relative).")
 
 
 class BaseAgentDeployer(ABC):
@@ -63,6 +28,13 @@ class BaseAgentDeployer(ABC):
 
     default_executor: ClassVar[str] = "local"
     supported_executors: ClassVar[frozenset[str]] = frozenset({"local"})
+
+    @classmethod
+    def validate_config(cls, config: AgentConfig, tools: ToolCatalog) -> None:
+        """Check a preset before any sandbox exists (there is no executor yet): raise a ``ConfigError``
+        naming the field. ``tools`` lists the bridges' tools and their argument schemas. The runner
+        calls it for every agent before it provisions anything; the default checks nothing."""
+        return None
 
     def __init__(self, executor: BaseExecutor) -> None:
         self.executor = executor
@@ -102,12 +74,16 @@ def load_deployer_class(config: AgentConfig) -> type[BaseAgentDeployer]:
                 raise ConfigError(source, "deployer", f"cannot import {path}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[module_name] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[module_name]
+                raise ConfigError(source, "deployer", f"importing {path} failed: {type(exc).__name__}: {exc}") from None
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ConfigError(source, "deployer", f"cannot import {target}: {exc}") from None
+        except Exception as exc:
+            raise ConfigError(source, "deployer", f"cannot import {target}: {type(exc).__name__}: {exc}") from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, BaseAgentDeployer)):
         raise ConfigError(source, "deployer", f"{config.deployer} is not a BaseAgentDeployer subclass")

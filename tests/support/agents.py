@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from ale_iac.agent import AgentRunResult, BaseAgentDeployer
-from ale_iac.runner.trajectory import AgentInfo, Trajectory, TrajectoryBuilder
+from ale_iac.agent import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
 
 
 def output_dir(prompt: str) -> str:

@@ -1,0 +1,32 @@
+"""The agent SDK: everything a deployer under ``agents/`` imports, and nothing else of ale-iac.
+
+A deployer says *what* to do to run an agent; an executor decides *where*. Write a
+:class:`BaseAgentDeployer` subclass (``install``, ``launch``, ``parse_artifacts``) that does all its
+I/O through ``self.executor`` (a :class:`BaseExecutor`), and turn the agent's native logs into a
+:class:`Trajectory` with :class:`TrajectoryBuilder`.
+"""
+
+from ale_iac.agent.config import AgentConfig, AgentRunResult, AgentStatus, BridgeKind, TaskPaths, ToolCatalog
+from ale_iac.agent.deployer import BaseAgentDeployer, load_deployer_class
+from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult
+from ale_iac.agent.registry import available_executors, make_executor
+from ale_iac.agent.trajectory import AgentInfo, Trajectory, TrajectoryBuilder
+
+__all__ = [
+    "AgentConfig",
+    "AgentInfo",
+    "AgentRunResult",
+    "AgentStatus",
+    "BaseAgentDeployer",
+    "BaseExecutor",
+    "BridgeKind",
+    "BridgeLaunch",
+    "ProcessResult",
+    "TaskPaths",
+    "ToolCatalog",
+    "Trajectory",
+    "TrajectoryBuilder",
+    "available_executors",
+    "load_deployer_class",
+    "make_executor",
+]

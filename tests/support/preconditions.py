@@ -1,0 +1,115 @@
+"""What the precondition markers need of the host, and whether this host has it.
+
+The markers (registered, with their meaning, in pyproject.toml):
+
+* ``needs_root``: the test runs as uid 0.
+* ``image``: the built ``desktop`` image (``ale_iac.images.find_image("desktop")``; scripts/setup.sh builds it).
+* ``engine``: a usable Pulumi CLI (``ale_iac.toolchain.find_toolchain()``: ``ALE_IAC_PULUMI``, PATH, or the
+  toolchain scripts/setup.sh built).
+* ``sandbox``: a host that runs local sandboxes: root, the desktop image, and every
+  ``ale_iac.substrates.local.runtime.host_checks()`` ok. Most of these tests start real sandboxes.
+
+The hooks in tests/conftest.py use :func:`missing` before each test: where a precondition is missing the
+test is skipped with the reason on a developer's host, and fails in CI (``CI=true``), because a test that
+never runs tests nothing. Each check runs at most once per process, and only when a test needs it.
+
+``ALE_IAC_TEST_MISSING=sandbox,engine`` (marker names, or ``all``) makes those preconditions count as
+missing whatever the host has: to see the skip, and the failure under ``CI=true``, without breaking a host.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import pytest
+
+FORCE_MISSING_ENV = "ALE_IAC_TEST_MISSING"
+TEST_ENDPOINT_ENV = "ALE_IAC_TEST_ENDPOINT"
+CI_ENV = "CI"
+
+
+def in_ci() -> bool:
+    return os.environ.get(CI_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+@functools.cache
+def _root() -> str | None:
+    uid = os.geteuid()
+    return None if uid == 0 else f"runs as uid {uid}, not root"
+
+
+@functools.cache
+def _image() -> str | None:
+    from ale_iac.images import find_image
+
+    if find_image("desktop") is None:
+        return "the desktop image is not built (run: ale-iac images build desktop; scripts/setup.sh does)"
+    return None
+
+
+@functools.cache
+def _engine() -> str | None:
+    from ale_iac.errors import AleIacError
+    from ale_iac.toolchain import find_toolchain
+
+    try:
+        find_toolchain()
+    except AleIacError as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def _sandbox() -> str | None:
+    from ale_iac.substrates.local.runtime import host_checks
+
+    failed = [f"{check.name}: {check.detail} ({check.fix})" for check in host_checks() if not check.ok]
+    image = _image()
+    if image is not None:
+        failed.append(image)
+    return "local sandboxes cannot run here: " + "; ".join(failed) if failed else None
+
+
+CHECKS: dict[str, Callable[[], str | None]] = {
+    "needs_root": _root,
+    "image": _image,
+    "engine": _engine,
+    "sandbox": _sandbox,
+}
+"""Marker name -> the check of its precondition (None when met, else why not)."""
+
+
+def markers_of(item: pytest.Item) -> list[str]:
+    """The precondition markers a test carries (its own, its class's, its module's)."""
+    return [name for name in CHECKS if item.get_closest_marker(name) is not None]
+
+
+def _forced() -> set[str]:
+    names = {name.strip() for name in os.environ.get(FORCE_MISSING_ENV, "").split(",") if name.strip()}
+    return set(CHECKS) if "all" in names else names
+
+
+def _external_endpoint_only(item: pytest.Item) -> bool:
+    """True for a client or bridge test pointed at an existing computer-server (``ALE_IAC_TEST_ENDPOINT``):
+    it reaches the server through ``computer_server_endpoint`` and starts no local sandbox."""
+    names = set(getattr(item, "fixturenames", ()))
+    local = {"local_sandbox", "sandbox_factory", "desktop_image"}
+    return bool(os.environ.get(TEST_ENDPOINT_ENV)) and "computer_server_endpoint" in names and not names & local
+
+
+def missing(item: pytest.Item) -> list[str]:
+    """``"<marker>: <why>"`` for each precondition of ``item`` this host does not meet."""
+    forced = _forced()
+    reasons = []
+    for name in markers_of(item):
+        if name in forced:
+            reasons.append(f"{name}: forced missing by {FORCE_MISSING_ENV}={os.environ[FORCE_MISSING_ENV]}")
+            continue
+        if name == "sandbox" and _external_endpoint_only(item):
+            continue
+        why = CHECKS[name]()
+        if why is not None:
+            reasons.append(f"{name}: {why}")
+    return reasons
