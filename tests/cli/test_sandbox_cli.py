@@ -6,8 +6,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,9 @@ import pytest
 from ale_iac.engine import Engine
 from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
 from ale_iac.substrates.local import runtime as local_runtime
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ale_iac(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ale_iac", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
-    )
+from tests.support.cli import ale_iac
 
 
-@pytest.mark.sandbox
-@pytest.mark.engine
 def test_create_use_list_and_destroy_a_sandbox() -> None:
     created = ale_iac("sandbox", "create", "--profile", "local", "--json")
     assert created.returncode == 0, created.stderr
@@ -81,20 +70,6 @@ def test_a_bad_experiment_gives_one_clear_error_and_creates_nothing(tmp_path: Pa
     assert Engine().list_stacks() == [] and not (tmp_path / "runs").exists()
 
 
-def ale_iac_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ale_iac", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-
-
-@pytest.mark.engine
-@pytest.mark.sandbox  # the host must be one where `local` can run
 def test_doctor_reports_the_toolchain_and_says_local_can_run() -> None:
     result = ale_iac("doctor", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -109,6 +84,6 @@ def test_doctor_fails_with_the_reason_when_there_is_no_pulumi(tmp_path: Path) ->
         "ALE_IAC_CACHE": str(tmp_path),
         "PATH": "/usr/bin:/bin",
     }
-    result = ale_iac_env(env, "doctor")
+    result = ale_iac("doctor", env=env, timeout=120)
     assert result.returncode == 1
     assert "Pulumi CLI not found" in result.stdout and "cannot run here" in result.stdout

@@ -12,21 +12,14 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tests.support.cli import ale_iac
 from tests.support.runs import Unit, make_run
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ale_iac", "report", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    return ale_iac("report", *args, env=env, timeout=120)
 
 
 def test_report_writes_into_the_run_folder_by_default(tmp_path: Path) -> None:

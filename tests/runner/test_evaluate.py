@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from ale_iac.engine import Engine
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.registry import read_claims
-from ale_iac.runner.runner import RunSummary, run_experiment
+from ale_iac.runner.runner import RunSummary, print_summary, run_experiment
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.tasks import make_preset, make_task
 
@@ -145,6 +147,15 @@ def test_failures_get_the_right_status_and_leave_nothing(lab: Path) -> None:
     sleepy = next(o for o in crash_sleep.outcomes if o.agent == "sleepy")
     assert "exceeded its 5 s limit" in (sleepy.error or "")
     assert 5 <= sleepy.agent_s < 30
+    # A unit whose agent failed is still graded, and keeps the agent's status.
+    crash = next(o for o in crash_sleep.outcomes if o.agent == "crash")
+    assert crash.score is not None
+    assert (crash_sleep.run_dir / crash.unit_id / "eval_result.json").is_file()
+    # The summary says why, in one line per unit.
+    console = Console(file=io.StringIO(), width=400)
+    print_summary(crash_sleep, console)
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "reason" in printed and "exceeded its 5 s limit" in printed
     setup = _run(_experiment(lab, ["writer"], ["broken-setup"]))
     [broken] = setup.outcomes
     assert broken.status == "setup_failed" and "setup fails on purpose" in (broken.error or "")
