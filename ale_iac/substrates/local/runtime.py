@@ -150,8 +150,11 @@ class LocalSandboxState:
     created_at: str = ""
     init_pid: int | None = None
     """Host pid of the sandbox's init (PID 1 inside)."""
+    init_start_time: float | None = None
+    """Start time of that init: while it runs, ``pid_namespace`` is the sandbox's own namespace."""
     pid_namespace: str | None = None
-    """``pid:[inode]`` of the sandbox's PID namespace: identifies every process inside it."""
+    """``pid:[inode]`` of the sandbox's PID namespace: identifies every process inside it, but only
+    while its init runs (see :func:`_live_pid_namespace`)."""
     cgroups: list[str] = field(default_factory=list)
     """The sandbox's cgroups, one per controller (removed by ``stop``)."""
     uid_base: int = 0
@@ -513,6 +516,19 @@ _OWN_EXECUTABLES = frozenset({"bwrap", "slirp4netns"})
 SUPERVISOR_MODULE = "ale_iac.substrates.local.supervisor"
 
 
+def _live_pid_namespace(state: LocalSandboxState) -> str | None:
+    """The sandbox's PID namespace, if it still is the sandbox's.
+
+    Namespace inode numbers are reused as soon as a namespace dies, so the recorded one may now
+    belong to another sandbox: matching processes by it alone once killed a live neighbour. While
+    the recorded init (pid and start time) runs, its namespace is the original; once it is gone
+    the kernel has killed everything in that namespace, so there is nothing left to find by it.
+    """
+    if state.init_pid is None or not procs.is_running(state.init_pid, state.init_start_time):
+        return None
+    return state.pid_namespace
+
+
 def _owned_processes(folder: Path, pidns: str | None) -> list[tuple[int, float]]:
     """(pid, start time) of every process that belongs to the sandbox in ``folder``.
 
@@ -596,7 +612,7 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
             procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, 5.0)
     # Whatever is left (a supervisor that was SIGKILLed cannot clean up), killed outright.
     for _ in range(3):
-        left = _owned_processes(folder, state.pid_namespace)
+        left = _owned_processes(folder, _live_pid_namespace(state))
         if not left:
             break
         _kill_session(state, left)
@@ -605,7 +621,7 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
         for pid, start_time in left:
             procs.wait_gone(pid, start_time, 5.0)
     else:
-        left = _owned_processes(folder, state.pid_namespace)
+        left = _owned_processes(folder, _live_pid_namespace(state))
         if left:
             raise SandboxError(f"sandbox {sandbox_id}: processes {[p for p, _ in left]} do not die")
     # No cgroups in the state: the supervisor may have died between making them and recording

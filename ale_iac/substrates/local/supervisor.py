@@ -136,6 +136,7 @@ class Supervisor:
         self.slirp: subprocess.Popen[bytes] | None = None
         self.slirp_exit_w: int | None = None
         self.init_pid: int | None = None
+        self.init_start_time: float | None = None
         self.pidns: str | None = None
         self.host_port = 0
         self.phase = "starting"
@@ -159,6 +160,7 @@ class Supervisor:
             phase=self.phase,
             created_at=self.created_at,
             init_pid=self.init_pid,
+            init_start_time=self.init_start_time,
             pid_namespace=self.pidns,
             cgroups=[str(p) for p in self.cgroups.paths],
             uid_base=self.uid_base,
@@ -395,6 +397,7 @@ class Supervisor:
             data += chunk
         os.close(info_r)
         self.init_pid = int(info["child-pid"])
+        self.init_start_time = procs.start_time(self.init_pid)
         self.pidns = procs.namespace(self.init_pid)
 
     def start_slirp(self) -> None:

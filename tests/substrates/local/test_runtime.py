@@ -6,6 +6,7 @@ What a hostile agent must not be able to do from inside is in ``tests/substrates
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import select
@@ -458,6 +459,28 @@ def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
     finally:
         assert local_runtime.stop(state.sandbox_id) is True
     assert_nothing_left(state, pids)
+
+
+@pytest.mark.sandbox
+def test_stopping_a_dead_sandbox_spares_a_neighbour_that_got_its_namespace_number(
+    sandbox_factory: SandboxFactory,
+) -> None:
+    """The kernel reuses a dead namespace's inode number at once; a state file still names it.
+
+    Seen in a full run: gc (or a test) stopping a crashed sandbox killed a live one whose PID
+    namespace had been given the dead one's number. Simulated here by writing the live sandbox's
+    namespace into the dead one's state.
+    """
+    live = sandbox_factory()
+    dead = sandbox_factory()
+    os.kill(dead.supervisor_pid, signal.SIGKILL)  # takes its sandbox along
+    assert dead.init_pid is not None and procs.wait_gone(dead.init_pid, dead.init_start_time, 10)
+    state_file = Path(dead.state_dir) / local_runtime.STATE_FILE
+    recorded = json.loads(state_file.read_text())
+    recorded["pid_namespace"] = live.pid_namespace
+    state_file.write_text(json.dumps(recorded))
+    assert local_runtime.stop(dead.sandbox_id, home=sandbox_home(dead)) is True
+    assert run(live, "echo still-here")["stdout"] == "still-here\n"
 
 
 @pytest.mark.sandbox
