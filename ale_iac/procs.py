@@ -10,7 +10,7 @@ import ctypes
 import os
 import select
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import psutil
 
@@ -131,3 +131,16 @@ def die_with_parent(parent_pid: int | None = None) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def die_with_parent_argv(argv: Sequence[str], parent_pid: int) -> list[str]:
+    """``argv`` wrapped so that the process gets SIGKILL when ``parent_pid`` dies, however it dies.
+
+    The death signal is set by ``setpriv`` after the exec, not by a ``preexec_fn``: Python code run
+    between fork and exec in a threaded process can deadlock, and a fork runs the C libraries' own
+    fork handlers (gRPC's restart its poller threads in the child, which then abort when the child's
+    descriptors close). Without a ``preexec_fn`` the child is made with vfork and runs nothing but
+    the exec. If the parent died before the signal was set, the guard sees another parent and exits.
+    """
+    guard = f'[ "$PPID" = "{parent_pid}" ] || exit 1; exec "$0" "$@"'
+    return ["setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", guard, *argv]

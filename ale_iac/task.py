@@ -71,11 +71,7 @@ class TaskSandbox:
         display = "export DISPLAY=${DISPLAY:-:0}; "
         await self.run_ok(f"{display}{shlex.quote(self.handle.paths.python)} -c {shlex.quote(spawn)} {args}")
         if window is not None:
-            title = shlex.quote(f"^{re.escape(window)}$")
-            await self.run_ok(
-                f"{display}timeout {timeout:g} xdotool search --sync --onlyvisible --name {title} >/dev/null",
-                timeout=timeout + 10,
-            )
+            await self.run_ok(f"{display}{wait_for_window(window, timeout)}", timeout=timeout + 10)
 
     async def stop_pidfile(self, pid_file: str, timeout: float = 5) -> None:
         """Stop the process whose pid ``pid_file`` holds (an earlier run's app), wait until it is gone,
@@ -103,6 +99,17 @@ class TaskSandbox:
 
     async def screenshot(self) -> bytes:
         return await self.client.screenshot()
+
+
+def wait_for_window(title: str, timeout: float) -> str:
+    """A shell line that waits until a visible window titled exactly ``title`` is mapped.
+
+    ``xdotool search`` walks every window and fails on the first one that vanishes under it (any
+    other program closing a window: BadWindow), so the search is retried until it finds this one.
+    """
+    name = shlex.quote(f"^{re.escape(title)}$")
+    until = f'until [ -n "$(xdotool search --onlyvisible --name {name} 2>/dev/null)" ]; do sleep 0.05; done'
+    return f"timeout {timeout:g} sh -c {shlex.quote(until)}"
 
 
 def shell_quote(text: str) -> str:

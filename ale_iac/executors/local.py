@@ -41,14 +41,13 @@ class LocalExecutor(BaseExecutor):
             runner_pid = os.getpid()
             creating = asyncio.ensure_future(
                 asyncio.create_subprocess_exec(
-                    *argv,
+                    *procs.die_with_parent_argv(argv, runner_pid),  # no leaked agents
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     cwd=self.work_dir,
                     env={**base_process_env(), **self.env, **(env or {})},
                     process_group=0,  # so a timeout or cancel can kill its whole process group
-                    preexec_fn=lambda: procs.die_with_parent(runner_pid),  # no leaked agents
                 )
             )
             try:

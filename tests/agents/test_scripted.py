@@ -290,7 +290,9 @@ def test_gui_setup_on_a_reused_sandbox_leaves_one_window(handle: SandboxHandle, 
                 if task.input_dir.is_dir():
                     await upload_dir(client, task.input_dir, sandbox.input_dir)
                 await task.module.setup(sandbox)
-            listing = await client.run_command(f"xdotool search --onlyvisible --name '^{title}$'")
+            # Retried: a search fails outright when another window vanishes under it (BadWindow).
+            search = f"until out=$(xdotool search --onlyvisible --name '^{title}$' 2>/dev/null); do sleep 0.05; done"
+            listing = await client.run_command(f"timeout 20 sh -c {shlex.quote(search + '; echo $out')}")
             return listing.stdout
 
     assert len(asyncio.run(scenario()).split()) == 1

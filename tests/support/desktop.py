@@ -42,10 +42,17 @@ def open_xterm(title: str, script: str, geometry: str = "60x8+40+40") -> str:
     the window manager's frame offset twice, so its X/Y are wrong under openbox.
     """
     name = shlex.quote("^" + title + "$")
+    # xdotool search walks every window and gives up on the first one that vanishes under it (an
+    # earlier test's window being torn down: BadWindow), so it is retried until this one shows.
+    inner = (
+        f'until w=$(xdotool search --onlyvisible --name {name} 2>/dev/null | head -n1) && [ -n "$w" ]; '
+        "do sleep 0.05; done; echo $w"
+    )
+    find = f"timeout 15 sh -c {shlex.quote(inner)}"
     return (
         f"{XTERM} -T {shlex.quote(title)} -geometry {geometry} -e sh -c {shlex.quote(script)} "
         f">/dev/null 2>&1 & "
-        f"w=$(timeout 15 xdotool search --sync --onlyvisible --name {name} | head -n1) && echo ID=$w && "
+        f'w=$({find}) && [ -n "$w" ] && echo ID=$w && '
         f'xdotool getwindowgeometry --shell "$w" | grep -E "^(WIDTH|HEIGHT)=" && '
         f'xdotool mousemove --window "$w" 0 0 getmouselocation --shell | grep -E "^(X|Y)="'
     )
@@ -77,8 +84,13 @@ def wait_file(path: str, timeout: float = 10) -> str:
     return f"timeout {timeout} sh -c 'until [ -s {quoted} ]; do sleep 0.02; done'; cat {quoted}"
 
 
-def close_window(wid: str) -> str:
-    return f"xdotool windowkill {wid} 2>/dev/null || true"
+def close_window(wid: str, timeout: float = 10) -> str:
+    """Kill the window's client and wait until the window is gone, so the next test's searches do
+    not meet it half torn down."""
+    return (
+        f"xdotool windowkill {wid} 2>/dev/null; "
+        f"timeout {timeout} sh -c 'while xdotool getwindowname {wid} >/dev/null 2>&1; do sleep 0.02; done'; true"
+    )
 
 
 def normalized(point: tuple[int, int], screen: tuple[int, int]) -> list[float]:

@@ -24,6 +24,7 @@ from ale_iac import procs
 from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
+from ale_iac.task import wait_for_window
 from tests.support.sandbox import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ def test_type_text_reaches_an_xterm(local_sandbox: LocalSandboxState) -> None:
     xterm_args = ["-geometry", "80x24+100+100", "-title", "typing-test"]
     launched = cmd(endpoint, "launch", {"app": "xterm", "args": xterm_args})
     assert launched["success"], launched
-    found = run(endpoint, "timeout 20 xdotool search --sync --onlyvisible --name typing-test | head -1")
+    found = run(endpoint, f"{wait_for_window('typing-test', 20)} && xdotool search --onlyvisible --name typing-test")
     assert found["return_code"] == 0 and found["stdout"].strip(), found
     try:
         assert cmd(endpoint, "left_click", {"x": 300, "y": 200})["success"]
