@@ -61,6 +61,7 @@ class _Request:
         self.content_length = 0
         self.upgrade = False
         expected = b"Bearer " + token
+        seen_length = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep:
@@ -71,8 +72,10 @@ class _Request:
                 self.authorized = hmac.compare_digest(value, expected)
                 continue
             if key == b"content-length":
-                if not value.isdigit():
+                # One length, digits only: two lengths could frame the body differently here and upstream.
+                if not value.isdigit() or seen_length:
                     raise _RefusedError("400 Bad Request")
+                seen_length = True
                 self.content_length = int(value)
             elif key == b"transfer-encoding" and value.lower() != b"identity":
                 raise _RefusedError("411 Length Required")

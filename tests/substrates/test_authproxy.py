@@ -160,6 +160,10 @@ def test_a_chunked_request_body_is_refused(proxy: str) -> None:
 
 def test_a_malformed_or_oversized_head_is_dropped(proxy: str) -> None:
     assert raw_exchange(proxy, b"GET / HTTP/1.1\r\nno colon here\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    two_lengths = (
+        f"POST /cmd HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 3\r\nContent-Length: 10\r\n\r\nabc"
+    ).encode()
+    assert raw_exchange(proxy, two_lengths).startswith(b"HTTP/1.1 400 ")
     huge = b"GET / HTTP/1.1\r\nX-Pad: " + b"a" * 100_000 + b"\r\n\r\n"
     assert raw_exchange(proxy, huge) == b""
     assert Recorder.seen == []
