@@ -99,17 +99,16 @@ def _bridge_token() -> str:
 
 async def _serve_http(server: Any, port: int, token: str) -> None:
     """The bridge's streamable HTTP app on 127.0.0.1, admitting only requests with the bearer token."""
-    import hmac
-
     import uvicorn
 
+    from ale_iac.substrates.authproxy import bearer_matches
+
     app = server.streamable_http_app(host="127.0.0.1")
-    expected = f"Bearer {token}".encode()
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
+            if not bearer_matches(given, token.encode()):
                 body = b"401 Unauthorized: send Authorization: Bearer <the bridge's token>\n"
                 await send(
                     {"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]}

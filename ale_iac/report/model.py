@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ale_iac.report.atif import TrajectoryView, read_trajectory
+from ale_iac.runner.records import MANIFEST
 from ale_iac.runner.status import UnitStatus
 
-MANIFEST = "experiment.json"
-"""The run's manifest (``ale_iac.runner.runner.MANIFEST``; named here so that reading a record does
-not import the runner's engine and provisioning; tests/report/test_model.py checks they agree)."""
 CONTEXT_EVENTS = 4
 """Events shown before an error, as its context."""
 LOG_TAIL_BYTES = 8192

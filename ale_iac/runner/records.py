@@ -22,6 +22,8 @@ from typing import Any
 from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
 
+MANIFEST = "experiment.json"
+"""The run folder's manifest (run id, fingerprint, spec), written by the runner, read by resume and reports."""
 REDACTED = "***"
 _MIN_SECRET_LEN = 4
 

@@ -32,13 +32,12 @@ from ale_iac.runner.experiment import Experiment, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
 from ale_iac.runner.progress import Progress
 from ale_iac.runner.provisioners import RETAINED, PoolProvisioner, Provisioner, StackProvisioner
-from ale_iac.runner.records import Redactor
+from ale_iac.runner.records import MANIFEST, Redactor
 from ale_iac.runner.registry import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.client import ComputerServerClient
 
 RESULTS = "results.jsonl"
-MANIFEST = "experiment.json"
 
 
 @dataclass

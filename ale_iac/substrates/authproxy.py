@@ -37,6 +37,11 @@ COPY_CHUNK: Final = 256 * 1024
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
+def bearer_matches(header: bytes, token: bytes) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer <token>`` (compared in constant time)."""
+    return hmac.compare_digest(header, b"Bearer " + token)
+
+
 class _RefusedError(Exception):
     def __init__(self, status: str) -> None:
         super().__init__(status)
@@ -60,7 +65,6 @@ class _Request:
         self.authorized = False
         self.content_length = 0
         self.upgrade = False
-        expected = b"Bearer " + token
         seen_length = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
@@ -69,7 +73,7 @@ class _Request:
             key = name.strip().lower()
             value = value.strip()
             if key == AUTH_HEADER:
-                self.authorized = hmac.compare_digest(value, expected)
+                self.authorized = bearer_matches(value, token)
                 continue
             if key == b"content-length":
                 # One length, digits only: two lengths could frame the body differently here and upstream.

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ale_iac.report import load_run
 from ale_iac.report.compare import compare
-from ale_iac.report.model import MANIFEST
 from tests.support.runs import Unit, grid, make_run
 
 
@@ -116,12 +115,6 @@ def test_two_runs_compare_per_agent_and_task(tmp_path: Path) -> None:
     assert task0.seconds_delta is not None and abs(task0.seconds_delta) < 1.0
     task1 = rows[("agent0", "task-1")]
     assert task1.other is not None and task1.other.units == 1 and task1.score_delta == 0.0
-
-
-def test_the_report_reads_the_manifest_the_runner_writes() -> None:
-    from ale_iac.runner.runner import MANIFEST as WRITTEN
-
-    assert MANIFEST == WRITTEN
 
 
 def test_an_agent_failure_recorded_by_an_older_runner_is_still_shown(tmp_path: Path) -> None:

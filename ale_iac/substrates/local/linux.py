@@ -21,6 +21,7 @@ CLONE_NEWNET: Final = 0x40000000
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
 MS_NOEXEC: Final = 0x8
+MS_REMOUNT: Final = 0x20
 MS_BIND: Final = 0x1000
 MS_REC: Final = 0x4000
 MS_PRIVATE: Final = 1 << 18

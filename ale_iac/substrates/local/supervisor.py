@@ -253,7 +253,7 @@ class Supervisor:
         if not os.path.isdir(logs_target):
             raise SetupError(f"the image has no {SANDBOX_LOG_DIR}; is it an ale-iac image?")
         linux.mount(f"{LAYER}/logs", logs_target, None, linux.MS_BIND)
-        flags = linux.MS_BIND | 0x20 | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC  # 0x20: MS_REMOUNT
+        flags = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
         linux.mount("none", logs_target, None, flags)
 
     def _write_in_root(self, relpath: str, text: str) -> None:
@@ -270,76 +270,41 @@ class Supervisor:
 
     def bwrap_argv(self, info_w: int, block_r: int, seccomp_fd: int) -> list[str]:
         spec = self.spec
+        # fmt: off
         argv = [
             "bwrap",
-            "--bind",
-            ROOT,
-            "/",
-            "--dev",
-            "/dev",
-            "--tmpfs",
-            "/dev/shm",
-            "--proc",
-            "/proc",
-            "--ro-bind",
-            "/proc/sys",
-            "/proc/sys",
-            "--tmpfs",
-            "/tmp",
-            "--tmpfs",
-            "/run",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--hostname",
-            spec.sandbox_id,
-            "--die-with-parent",
-            "--new-session",
-            "--as-pid-1",
-            "--info-fd",
-            str(info_w),
-            "--block-fd",
-            str(block_r),
-            "--seccomp",
-            str(seccomp_fd),
+            "--bind", ROOT, "/",
+            "--dev", "/dev",
+            "--tmpfs", "/dev/shm",
+            "--proc", "/proc",
+            "--ro-bind", "/proc/sys", "/proc/sys",
+            "--tmpfs", "/tmp",
+            "--tmpfs", "/run",
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", spec.sandbox_id,
+            "--die-with-parent", "--new-session", "--as-pid-1",
+            "--info-fd", str(info_w), "--block-fd", str(block_r),
+            "--seccomp", str(seccomp_fd),
             "--clearenv",
-            "--setenv",
-            "PATH",
-            SANDBOX_PATH,
-            "--setenv",
-            "HOME",
-            "/root",
-            "--setenv",
-            "LANG",
-            "C.UTF-8",
-            "--chdir",
-            "/root",
-            "--cap-drop",
-            "ALL",
+            "--setenv", "PATH", SANDBOX_PATH,
+            "--setenv", "HOME", "/root",
+            "--setenv", "LANG", "C.UTF-8",
+            "--chdir", "/root",
+            "--cap-drop", "ALL",
         ]
         # CAP_SETPCAP only for setpriv, which cuts the bounding set and is gone by the init's exec.
         for cap in (*SANDBOX_CAPS, "CAP_SETPCAP"):
             argv += ["--cap-add", cap]
         keep = ",".join("+" + cap.removeprefix("CAP_").lower() for cap in SANDBOX_CAPS)
         argv += [
-            "--",
-            SETPRIV,
-            f"--bounding-set=-all,{keep}",
-            "--inh-caps=-all",
-            "--ambient-caps=-all",
-            "--",
+            "--", SETPRIV, f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--ambient-caps=-all", "--",
             spec.init,
-            "--port",
-            str(spec.server_port),
-            "--width",
-            str(spec.screen_width),
-            "--height",
-            str(spec.screen_height),
-            "--log-dir",
-            SANDBOX_LOG_DIR,
+            "--port", str(spec.server_port),
+            "--width", str(spec.screen_width),
+            "--height", str(spec.screen_height),
+            "--log-dir", SANDBOX_LOG_DIR,
         ]
+        # fmt: on
         return argv
 
     def _preexec_sandbox(self) -> None:
