@@ -90,6 +90,19 @@ class UnitSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+class HostChannel(BaseModel):
+    """A way from inside a sandbox to one Unix socket on the runner's host, kept by the substrate.
+
+    The model gateway of a run listens on ``host_socket``; an in-sandbox agent reaches it at
+    ``sandbox_url``. Nothing answers there unless a run is serving the socket, and what answers
+    checks the unit's own token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host_socket: str = Field(description="Path of the Unix socket on the host.")
+    sandbox_url: str = Field(description="What leads to it from inside the sandbox, e.g. http://127.0.0.1:4010.")
+
+
 class UnitOutputs(BaseModel):
     """What a stack exports per unit: everything a SandboxHandle needs, nothing provider-internal."""
 
@@ -98,6 +111,15 @@ class UnitOutputs(BaseModel):
     unit: str = Field(description="Unit name, unique within its stack.")
     provider: str = Field(description="Provider kind that realised the unit (local, static, gcloud, ...).")
     endpoint: str = Field(description="Base URL of the unit's Cua computer-server.")
+    inner_endpoint: str = Field(
+        default="http://127.0.0.1:8000",
+        description="The computer-server's base URL from inside the sandbox (what an in-sandbox bridge uses).",
+    )
+    gateway_channel: HostChannel | None = Field(
+        default=None,
+        description="How an in-sandbox agent reaches the run's model gateway on the host; None where the "
+        "substrate keeps no such channel (then in-sandbox agents cannot reach a model).",
+    )
     endpoint_token: SecretStr | None = Field(
         default=None,
         description="Bearer token the endpoint requires (a secret: the stack output is marked secret, and it is "

@@ -6,9 +6,25 @@ I/O through ``self.executor`` (a :class:`BaseExecutor`), and turn the agent's na
 :class:`Trajectory` with :class:`TrajectoryBuilder`.
 """
 
-from ale_iac.agent.config import AgentConfig, AgentRunResult, AgentStatus, BridgeKind, TaskPaths, ToolCatalog
+from ale_iac.agent.config import (
+    AgentConfig,
+    AgentRunResult,
+    AgentStatus,
+    BridgeKind,
+    ModelApi,
+    ModelConfig,
+    TaskPaths,
+    ToolCatalog,
+)
 from ale_iac.agent.deployer import BaseAgentDeployer, load_deployer_class
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult
+from ale_iac.agent.executor import (
+    BaseExecutor,
+    BridgeLaunch,
+    CliInstall,
+    ModelAccess,
+    ModelGrant,
+    ProcessResult,
+)
 from ale_iac.agent.registry import available_executors, make_executor
 from ale_iac.agent.trajectory import AgentInfo, Trajectory, TrajectoryBuilder
 
@@ -21,6 +37,11 @@ __all__ = [
     "BaseExecutor",
     "BridgeKind",
     "BridgeLaunch",
+    "CliInstall",
+    "ModelAccess",
+    "ModelApi",
+    "ModelConfig",
+    "ModelGrant",
     "ProcessResult",
     "TaskPaths",
     "ToolCatalog",

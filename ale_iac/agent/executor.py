@@ -3,16 +3,21 @@ deployer runs: on this host, in the sandbox, in a container) live in ``ale_iac.e
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ale_iac.agent.config import AgentConfig, BridgeKind, TaskPaths
+from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, ModelApi, TaskPaths
+from ale_iac.errors import AleIacError
 from ale_iac.sandbox.handle import SandboxHandle
+
+if TYPE_CHECKING:
+    from ale_iac.agent.deployer import BaseAgentDeployer
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,47 @@ class BridgeLaunch:
     env: dict[str, str]
 
 
+@dataclass(frozen=True)
+class ModelAccess:
+    """How the agent reaches its model from where it runs: a base URL of the run's model gateway and
+    the unit's gateway token, which the agent sends as its API key. The real key never leaves the
+    gateway. Base URLs follow the vendors' SDKs: Anthropic without ``/v1``, OpenAI with it."""
+
+    api: ModelApi
+    model: str
+    base_url: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class ModelGrant:
+    """The unit's grant on the run's model gateway, as the runner hands it to an executor. The
+    executor turns it into a :class:`ModelAccess` for where the deployer runs: the host's loopback
+    (``tcp_root``) or a Unix socket it relays into a sandbox or a container (``attach_unix``)."""
+
+    api: ModelApi
+    model: str
+    token: str
+    tcp_root: str
+    attach_unix: Callable[[Path], None]
+
+    def access(self, root: str) -> ModelAccess:
+        base_url = root.rstrip("/") + ("/v1" if self.api == "openai" else "")
+        return ModelAccess(api=self.api, model=self.model, base_url=base_url, api_key=self.token)
+
+
+@dataclass(frozen=True)
+class CliInstall:
+    """An agent CLI installed on this host (``ale_iac.agent.clis``): its root folder, the native
+    executable to run and every file a copy elsewhere needs (all relative to ``root``)."""
+
+    name: str
+    version: str
+    root: Path
+    entry: str
+    files: tuple[str, ...]
+
+
 class BaseExecutor(ABC):
     """Carries the work dir, the sandbox, the agent config and its environment; runs the deployer's I/O.
 
@@ -41,6 +87,9 @@ class BaseExecutor(ABC):
     """
 
     kind: ClassVar[str]
+    native_shell: ClassVar[bool] = False
+    """True where the deployer runs inside the sandbox: the agent has the machine's own shell and
+    files, and takes only the ``cua`` bridge. Elsewhere it reaches the machine through both bridges."""
 
     def __init__(
         self,
@@ -51,14 +100,55 @@ class BaseExecutor(ABC):
         env: Mapping[str, str],
         redact: Callable[[str], str] = lambda text: text,
         task: TaskPaths | None = None,
+        model: ModelGrant | None = None,
+        clis: Mapping[str, CliInstall] | None = None,
     ) -> None:
         self.config = config
+        self.model_grant = model
+        """The unit's model gateway grant (None when the agent uses no model)."""
+        self.clis = dict(clis or {})
+        """The agent CLIs the deployer declared (``BaseAgentDeployer.clis``), installed on this host."""
         self.task = task
         """The unit's task id and its folders in the sandbox (None outside a unit)."""
         self.sandbox = sandbox
         self.work_dir = work_dir
         self.env = dict(env)
         self.redact = redact
+
+    async def run_deployer(self, deployer: BaseAgentDeployer, prompt: str, timeout_s: float) -> AgentRunResult:
+        """Run ``install`` then ``launch`` within ``timeout_s`` (install included) and return the result.
+
+        This default runs them in this process; executors that run the deployer elsewhere override
+        it. Either way the agent's processes are gone when it returns or raises (also on cancel)."""
+
+        async def install_and_launch() -> AgentRunResult:
+            await deployer.install()
+            return await deployer.launch(prompt)
+
+        try:
+            return await asyncio.wait_for(install_and_launch(), timeout_s)
+        except TimeoutError:
+            return AgentRunResult(status="timeout", error=f"agent exceeded its {timeout_s:.0f} s limit")
+
+    def model_access(self) -> ModelAccess:
+        """Where the agent reaches its model from where it runs (the host's loopback, by default)."""
+        grant = self._grant()
+        return grant.access(grant.tcp_root)
+
+    def _grant(self) -> ModelGrant:
+        if self.model_grant is None:
+            raise AleIacError(f"agent {self.config.name} has no model: set `model` in its preset")
+        return self.model_grant
+
+    def cli(self, name: str) -> str:
+        """The path of agent CLI ``name``'s executable where the deployer runs."""
+        install = self._cli(name)
+        return str(install.root / install.entry)
+
+    def _cli(self, name: str) -> CliInstall:
+        if name not in self.clis:
+            raise AleIacError(f"agent CLI {name!r} was not staged: list it in the deployer's `clis`")
+        return self.clis[name]
 
     @abstractmethod
     async def run(

@@ -10,12 +10,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ale_iac.agent.config import AgentConfig, TaskPaths
-from ale_iac.agent.executor import BaseExecutor
+from ale_iac.agent.executor import BaseExecutor, CliInstall, ModelGrant
 from ale_iac.errors import ConfigError
 from ale_iac.sandbox.handle import SandboxHandle
 
 EXECUTORS: Mapping[str, str] = {
     "local": "ale_iac.executors.local:LocalExecutor",
+    "sandbox": "ale_iac.executors.sandbox:SandboxExecutor",
+    "docker": "ale_iac.executors.docker:DockerExecutor",
 }
 """kind -> ``module:Class`` of its implementation."""
 
@@ -43,6 +45,10 @@ def make_executor(
     env: Mapping[str, str],
     redact: Callable[[str], str],
     task: TaskPaths | None = None,
+    model: ModelGrant | None = None,
+    clis: Mapping[str, CliInstall] | None = None,
 ) -> BaseExecutor:
     cls = executor_class(kind, config.name)
-    return cls(config=config, sandbox=sandbox, work_dir=work_dir, env=env, redact=redact, task=task)
+    return cls(
+        config=config, sandbox=sandbox, work_dir=work_dir, env=env, redact=redact, task=task, model=model, clis=clis
+    )

@@ -61,6 +61,10 @@ class FinalMetrics(_Model):
     total_steps: int = 0
     total_tool_calls: int = 0
     total_errors: int = 0
+    total_prompt_tokens: int | None = None
+    total_completion_tokens: int | None = None
+    total_cached_tokens: int | None = None
+    total_cost_usd: float | None = None
 
 
 class Trajectory(_Model):
@@ -108,9 +112,11 @@ class TrajectoryBuilder:
         is_error: bool = False,
         message: str = "",
         observation_extra: dict[str, Any] | None = None,
+        call_id: str | None = None,
     ) -> Step:
-        """One agent step that calls one tool, with the tool's result as its observation."""
-        call_id = f"call_{next(self._call_ids)}"
+        """One agent step that calls one tool, with the tool's result as its observation (``call_id``:
+        the agent's own id for the call, if it has one)."""
+        call_id = call_id or f"call_{next(self._call_ids)}"
         step = Step(
             step_id=len(self.steps) + 1,
             source="agent",
@@ -127,14 +133,21 @@ class TrajectoryBuilder:
         self.steps.append(step)
         return step
 
-    def build(self, notes: str | None = None, extra: dict[str, Any] | None = None) -> Trajectory:
+    def build(
+        self, notes: str | None = None, extra: dict[str, Any] | None = None, **token_metrics: int | float | None
+    ) -> Trajectory:
+        """The trajectory; ``token_metrics`` are the optional FinalMetrics token fields
+        (``total_prompt_tokens``, ``total_completion_tokens``, ``total_cached_tokens``, ``total_cost_usd``)."""
         calls = [c for s in self.steps for c in (s.tool_calls or [])]
         errors = sum(1 for s in self.steps for r in (s.observation.results if s.observation else []) if r.is_error)
+        metrics = FinalMetrics(
+            total_steps=len(self.steps), total_tool_calls=len(calls), total_errors=errors, **token_metrics
+        )
         return Trajectory(
             session_id=self.session_id,
             agent=self.agent,
             steps=list(self.steps),
             notes=notes,
-            final_metrics=FinalMetrics(total_steps=len(self.steps), total_tool_calls=len(calls), total_errors=errors),
+            final_metrics=metrics,
             extra=extra,
         )

@@ -9,7 +9,7 @@ inside the command, and nothing but MCP traffic is ever written to stdout.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 import typer
 
@@ -55,37 +55,6 @@ def resolve_endpoint(endpoint: str | None, stack: str | None, unit: str | None) 
     raise AleIacError("name the sandbox with --endpoint URL or --stack NAME [--unit UNIT]")
 
 
-def serve(kind: BridgeKind, endpoint: str, token: str | None, http_port: int | None = None) -> None:
-    """Run one bridge until its transport closes (stdin EOF for stdio; a signal for HTTP)."""
-    import contextlib
-
-    import anyio
-
-    async def main() -> None:
-        from ale_iac.sandbox.client import ComputerServerClient
-
-        if kind == "vm":
-            from ale_iac.bridges.vm import build_server
-        else:
-            from ale_iac.bridges.cua import build_server
-
-        async with ComputerServerClient(endpoint, token=token) as client:
-            server = build_server(lambda: client)
-            try:
-                if http_port is None:
-                    await server.run_stdio_async()
-                else:
-                    await _serve_http(server, http_port, _bridge_token())
-            finally:
-                # PTY sessions belong to this bridge process: nobody can reach them after it exits.
-                with anyio.move_on_after(5, shield=True):
-                    for pid in client.pty_sessions():
-                        with contextlib.suppress(AleIacError):
-                            await client.pty_kill(pid)
-
-    anyio.run(main)
-
-
 def _bridge_token() -> str:
     token = os.environ.get(BRIDGE_TOKEN_ENV, "")
     if len(token) < 16:
@@ -95,30 +64,6 @@ def _bridge_token() -> str:
             "sandbox through an open port otherwise"
         )
     return token
-
-
-async def _serve_http(server: Any, port: int, token: str) -> None:
-    """The bridge's streamable HTTP app on 127.0.0.1, admitting only requests with the bearer token."""
-    import uvicorn
-
-    from ale_iac.substrates.authproxy import bearer_matches
-
-    app = server.streamable_http_app(host="127.0.0.1")
-
-    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not bearer_matches(given, token.encode()):
-                body = b"401 Unauthorized: send Authorization: Bearer <the bridge's token>\n"
-                await send(
-                    {"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]}
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await app(scope, receive, send)
-
-    config = uvicorn.Config(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    await uvicorn.Server(config).serve()
 
 
 def _run(
@@ -133,7 +78,9 @@ def _run(
     url, token = resolve_endpoint(endpoint, stack, unit)
     if http:
         _bridge_token()  # refused before anything starts
-    serve(kind, url, token, port if http else None)
+    from ale_iac.bridges.serve import serve
+
+    serve(kind, url, token, (port, _bridge_token()) if http and port is not None else None)
 
 
 @mcp_app.command("vm")

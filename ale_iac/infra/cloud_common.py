@@ -410,6 +410,7 @@ def unit_handle(
             unit=unit.name,
             provider=route.provider,  # type: ignore[attr-defined]
             endpoint=f"http://{ip}:{route.server_port}",
+            inner_endpoint=f"http://127.0.0.1:{route.server_port}",
             os=route.os,
             snapshot=snapshot,
             image=route.image,

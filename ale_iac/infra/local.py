@@ -20,7 +20,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
+from ale_iac.contract import LINUX_DESKTOP_PATHS, HostChannel, UnitOutputs, UnitSpec
 from ale_iac.images import require_image
 from ale_iac.infra import DeclareContext
 from ale_iac.profile import LocalRoute
@@ -40,7 +40,17 @@ INPUT_KEYS = (
     "labels",
 )
 """Inputs of a LocalSandbox; a change to any of them replaces the sandbox."""
-OUTPUT_KEYS = ("sandbox_id", "endpoint", "endpoint_token", "host_port", "supervisor_pid", "state_dir", "limits")
+OUTPUT_KEYS = (
+    "sandbox_id",
+    "endpoint",
+    "endpoint_token",
+    "host_port",
+    "supervisor_pid",
+    "state_dir",
+    "limits",
+    "gateway_socket",
+    "gateway_url",
+)
 SECRET_OUTPUTS = ["endpoint_token"]
 _SUFFIX_BYTES = 3  # six hex digits
 _PREFIX_MAX = 48 - 1 - 2 * _SUFFIX_BYTES
@@ -93,6 +103,8 @@ class LocalSandboxProvider(ResourceProvider):
             host_port=state.host_port,
             supervisor_pid=state.supervisor_pid,
             state_dir=state.state_dir,
+            gateway_socket=state.gateway_socket,
+            gateway_url=state.gateway_url,
             limits=[
                 {"name": r.name, "requested": r.requested, "applied": r.applied, "detail": r.detail}
                 for r in state.limits
@@ -139,6 +151,8 @@ class LocalSandbox(Resource, module="ale", name="LocalSandbox"):
     supervisor_pid: pulumi.Output[int]
     state_dir: pulumi.Output[str]
     limits: pulumi.Output[list[dict[str, Any]]]
+    gateway_socket: pulumi.Output[str]
+    gateway_url: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         unknown = sorted(set(props) - set(INPUT_KEYS))
@@ -175,12 +189,14 @@ def declare_unit(
     sandbox = LocalSandbox(unit.name, props)
 
     def handle(values: list[Any]) -> dict[str, Any]:
-        endpoint, token, sandbox_id = values
+        endpoint, token, sandbox_id, gateway_socket, gateway_url = values
+        channel = HostChannel(host_socket=gateway_socket, sandbox_url=gateway_url) if gateway_socket else None
         return UnitOutputs(
             unit=unit.name,
             provider=PROVIDER_KIND,
             endpoint=str(endpoint),
             endpoint_token=token,
+            gateway_channel=channel,
             os="linux",
             snapshot=snapshot,
             image=image.ref,
@@ -192,6 +208,6 @@ def declare_unit(
 
     # The handle carries the token, so the whole output is secret (Output.all keeps secretness).
     result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(
-        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id
+        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id, sandbox.gateway_socket, sandbox.gateway_url
     ).apply(handle)
     return result

@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 
-from ale_iac.contract import ENDPOINT_TOKEN_ENV
+from ale_iac.contract import ENDPOINT_TOKEN_ENV, LINUX_DESKTOP_PATHS, HostChannel
 from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxState
 
@@ -122,3 +123,22 @@ def new_sandbox_id(prefix: str = "test") -> str:
 
 SandboxFactory = Callable[..., LocalSandboxState]
 """What the ``sandbox_factory`` fixture yields: ``make(wait=True, **spec_fields)``."""
+
+
+def handle_of(state: LocalSandboxState) -> SandboxHandle:
+    """The handle a stack would export for this local sandbox (the gateway channel included)."""
+    channel = (
+        HostChannel(host_socket=state.gateway_socket, sandbox_url=state.gateway_url) if state.gateway_socket else None
+    )
+    return SandboxHandle(
+        stack="-",
+        unit=state.sandbox_id,
+        provider="local",
+        endpoint=state.endpoint,
+        endpoint_token=local_runtime.auth_token(state),
+        gateway_channel=channel,
+        snapshot="desktop",
+        image="desktop",
+        resource_id=state.sandbox_id,
+        paths=LINUX_DESKTOP_PATHS,
+    )

@@ -18,7 +18,9 @@ import here is memory per sandbox). It owns the sandbox's processes for their wh
    otherwise it has nothing but ``lo``;
 6. serves the endpoint: 127.0.0.1:<host_port> on the host, an authenticating forwarder
    (``substrates.authproxy``) whose upstream connections are made inside the sandbox's network
-   namespace, to the computer-server on its loopback;
+   namespace, to the computer-server on its loopback; and the gateway channel the other way: the
+   sandbox's 127.0.0.1:<gateway_port> relayed (``substrates.relay``) to ``gateway.sock`` in the
+   state dir, where a run's model gateway may listen (nothing else of the host is behind it);
 7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``;
 8. waits. SIGTERM stops the sandbox (SIGTERM to its init, SIGKILL after a grace period); when
    the sandbox or slirp4netns dies, the other one is stopped too. On the way out the tails of
@@ -46,6 +48,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,7 @@ from ale_iac.substrates.authproxy import AuthProxy, tcp_connector
 from ale_iac.substrates.local import cgroups, linux
 from ale_iac.substrates.local.runtime import (
     DISK_FILE,
+    GATEWAY_SOCKET,
     LOGS_DIR,
     MOUNT_ROOT,
     MTU,
@@ -71,6 +75,7 @@ from ale_iac.substrates.local.runtime import (
     copy_tail,
     uid_base_of,
 )
+from ale_iac.substrates.relay import loopback_listener, serve_relay, unix_connector
 
 SLIRP_SOCKET = "slirp.sock"  # relative to the state dir (our cwd): keeps the path short
 SETUP_TIMEOUT_S = 20.0
@@ -142,6 +147,8 @@ class Supervisor:
         self.phase = "starting"
         self.exit_code: int | None = None
         self.layer_mounted = False
+        self.gateway_url = ""
+        self.gateway_socket = ""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -164,6 +171,8 @@ class Supervisor:
             pid_namespace=self.pidns,
             cgroups=[str(p) for p in self.cgroups.paths],
             uid_base=self.uid_base,
+            gateway_url=self.gateway_url,
+            gateway_socket=self.gateway_socket,
             exit_code=self.exit_code,
         )
 
@@ -401,40 +410,61 @@ class Supervisor:
         if not data:
             raise SetupError("slirp4netns did not become ready (see slirp4netns.log)")
 
-    def start_endpoint(self) -> None:
-        """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback."""
+    def _in_sandbox_netns(self, name: str, prepare: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``prepare()``'s coroutine for the sandbox's life in a thread of ours that has joined the
+        sandbox's network namespace (sockets it makes are inside). Returns once the thread has joined;
+        raises SetupError if it could not. If the coroutine fails, the sandbox is stopped: both
+        servers are part of what the sandbox is."""
         assert self.init_pid is not None
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
-        listener.setblocking(False)
         netns = os.open(f"/proc/{self.init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         joined = threading.Event()
         failure: list[BaseException] = []
 
         def serve() -> None:
             try:
-                linux.setns(netns, linux.CLONE_NEWNET)  # this thread only: upstream sockets are made inside
+                linux.setns(netns, linux.CLONE_NEWNET)  # this thread only
+                coroutine = prepare()
             except BaseException as exc:
                 failure.append(exc)
                 return
             finally:
                 os.close(netns)
                 joined.set()
-            proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
             try:
-                asyncio.run(proxy.serve(listener))
+                asyncio.run(coroutine)
             except BaseException:
-                # Without its endpoint the sandbox is useless: say why, and stop it.
-                log("the endpoint failed:\n" + traceback.format_exc())
+                log(f"the {name} failed:\n" + traceback.format_exc())
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        threading.Thread(target=serve, name="endpoint", daemon=True).start()
+        threading.Thread(target=serve, name=name, daemon=True).start()
         joined.wait()
         if failure:
-            raise SetupError(f"cannot join the sandbox's network namespace: {failure[0]}")
+            raise SetupError(f"{name}: cannot serve in the sandbox's network namespace: {failure[0]}")
+
+    def start_endpoint(self) -> None:
+        """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
+        self._in_sandbox_netns("endpoint", lambda: proxy.serve(listener))
         self.host_port = int(listener.getsockname()[1])
         log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
+
+    def start_gateway_channel(self) -> None:
+        """The sandbox's 127.0.0.1:<gateway port> relayed to a Unix socket in the state dir: the one
+        way out to the host, served only while a run's model gateway listens there."""
+        socket_path = str(self.folder / GATEWAY_SOCKET)
+
+        def prepare() -> Coroutine[Any, Any, None]:
+            listener = loopback_listener(self.spec.gateway_port)  # made inside: this thread has joined
+            return serve_relay(listener, unix_connector(socket_path))
+
+        self._in_sandbox_netns("gateway channel", prepare)
+        self.gateway_socket = socket_path
+        self.gateway_url = f"http://127.0.0.1:{self.spec.gateway_port}"
+        log(f"gateway channel: sandbox {self.gateway_url} -> {socket_path}")
 
     def setup(self) -> None:
         self.save()
@@ -449,6 +479,7 @@ class Supervisor:
             if self.spec.allow_outbound:
                 self.start_slirp()
             self.start_endpoint()
+            self.start_gateway_channel()
             os.write(block_w, b"1")  # bwrap goes on and executes the init
         finally:
             os.close(block_w)

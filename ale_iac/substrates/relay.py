@@ -1,0 +1,91 @@
+"""A plain byte relay (standard library only): every connection accepted on a listening socket is
+joined to a fresh upstream connection, and bytes are copied both ways until either side closes.
+
+It carries no authentication of its own: what it leads to authenticates (the model gateway checks
+each request's per-unit token). Two users:
+
+* the ``local`` supervisor, in a thread that has joined the sandbox's network namespace: the
+  sandbox's ``127.0.0.1:<gateway port>`` leads to a Unix socket on the host (``unix_connector``),
+  which is the only way out of a sandbox without outbound network;
+* the in-container entry of the ``docker`` executor (``--network none``): loopback ports inside the
+  container lead to the Unix sockets mounted into it.
+
+Unix socket paths live in the file system, not in a network namespace, so a thread inside a
+sandbox's network namespace still reaches a host socket by its path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+COPY_CHUNK: Final = 256 * 1024
+
+Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+def unix_connector(path: str) -> Connector:
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(path)
+
+    return connect
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(COPY_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):
+            if writer.can_write_eof():
+                writer.write_eof()  # half-close: the other direction may still be answering
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await writer.wait_closed()
+
+
+async def join(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
+    """Copy both ways between two connections until both directions have ended; then close both."""
+    try:
+        await asyncio.gather(_pump(a[0], b[1]), _pump(b[0], a[1]))
+    finally:
+        await _close(a[1])
+        await _close(b[1])
+
+
+async def serve_relay(listener: socket.socket, connect: Connector) -> None:
+    """Relay every connection accepted on ``listener`` (non-blocking, listening) to ``connect()``.
+    A connection whose upstream cannot be opened is closed at once (the client sees EOF)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream = await connect()
+        except OSError:
+            await _close(writer)
+            return
+        await join((reader, writer), upstream)
+
+    server = await asyncio.start_server(handle, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def loopback_listener(port: int = 0) -> socket.socket:
+    """A non-blocking TCP listener on 127.0.0.1, made in the calling thread's network namespace."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    listener.setblocking(False)
+    return listener
