@@ -27,6 +27,9 @@ OsName = Literal["linux", "windows"]
 ENDPOINT_TOKEN_ENV = "ALE_IAC_ENDPOINT_TOKEN"
 """Environment variable that carries an endpoint's bearer token to a process (a bridge, an agent's
 MCP server): never a command-line argument, which every user of the host can read."""
+ENDPOINT_TOKEN_FILE_ENV = "ALE_IAC_ENDPOINT_TOKEN_FILE"
+"""Or the path of a file holding that token (0600, outside any record): what an executor hands a
+bridge, so that an agent's MCP configuration, which lands in the run record, never holds the token."""
 
 
 class SandboxPaths(BaseModel):

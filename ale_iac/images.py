@@ -15,10 +15,15 @@ build needs (``/proc``, ``/dev`` in the chroot) is made inside a private mount n
 (``unshare --mount --propagation private``), so none can outlive the step that made it; a
 ``finally`` still checks for (and lazily unmounts) anything left under the build folder before
 deleting it, because deleting a tree with a bind mount of ``/dev`` in it would delete the host's.
+
+For the ``docker`` executor, :func:`ensure_docker_image` imports a built rootfs into the local Docker
+engine as ``ale-iac/<name>:<hash12>`` (streamed as a tar, labelled, once per recipe hash); no registry
+is ever asked for anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -32,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError
@@ -69,6 +74,16 @@ PASSTHROUGH_APT = (
     "Acquire::https::Proxy",
 )
 _IGNORED_NAMES = {"__pycache__", ".DS_Store"}
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+DOCKER_REPOSITORY_PREFIX = "ale-iac/"
+"""Images ale-iac imports into the Docker engine are ``ale-iac/<name>:<hash12>``."""
+DOCKER_LABEL_PREFIX = "ale-iac."
+DOCKER_START_HINT = "start it: scripts/dockerd.sh (as root; scripts/setup.sh installs the engine)"
+_DOCKER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_IMPORT_CHUNK = 1 << 20
 
 
 def _stderr_log(message: str) -> None:
@@ -577,3 +592,118 @@ def build_image(name: str, *, force: bool = False, log: LogFn = _stderr_log, ver
     image = ImageInfo.load(final)
     log(f"image {image.ref} built in {image.build_seconds:.1f} s ({image.size_bytes / 2**20:.0f} MiB): {image.path}")
     return image
+
+
+# --- the image in the Docker engine ------------------------------------------------------------
+
+
+def docker_client(timeout: float = 60.0) -> DockerClient:
+    """A client of the local Docker engine (``DOCKER_HOST`` or the default socket) that has answered a
+    ping, or an error saying how to start the engine."""
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        client = docker.from_env(timeout=int(timeout))
+    except DockerException as exc:
+        raise AleIacError(f"the Docker engine is not running or not reachable ({exc}); {DOCKER_START_HINT}") from None
+    try:
+        client.ping()
+    except DockerException as exc:
+        client.close()
+        raise AleIacError(f"the Docker engine does not answer ({exc}); {DOCKER_START_HINT}") from None
+    return client
+
+
+def docker_image_tag(image: ImageInfo) -> str:
+    """``ale-iac/<name>:<hash12>``: the image's content id is its recipe hash, as in the cache."""
+    return f"{DOCKER_REPOSITORY_PREFIX}{image.name}:{image.hash}"
+
+
+def _docker_has(client: DockerClient, tag: str) -> bool:
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(tag)
+    except ImageNotFound:
+        return False
+    return True
+
+
+def _tar_chunks(stream: IO[bytes]) -> Iterator[bytes]:
+    while chunk := stream.read(_IMPORT_CHUNK):
+        yield chunk
+
+
+def _docker_import(image: ImageInfo, tag: str) -> None:
+    """``tar -C rootfs -c . | docker import`` through the Engine API: the tar is streamed, never stored."""
+    from docker.errors import DockerException
+
+    repository, version = tag.rsplit(":", 1)
+    labels = {
+        "image": image.name,
+        "image-hash": image.hash,
+        "image-built-at": image.built_at,
+    }
+    init = str(image.recipe.get("init", "/usr/local/sbin/ale-init"))
+    port = int(image.recipe.get("server_port", 8000))
+    changes = [
+        "LABEL " + " ".join(f"{DOCKER_LABEL_PREFIX}{key}={value}" for key, value in labels.items()),
+        f"ENV PATH={_DOCKER_PATH}",
+        "ENV LANG=C.UTF-8",
+        f"CMD {json.dumps([init, '--port', str(port)])}",
+    ]
+    tar = subprocess.Popen(
+        ["tar", "-C", str(image.rootfs), "--numeric-owner", "-cf", "-", "."],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert tar.stdout is not None and tar.stderr is not None
+    client = docker_client(timeout=1800.0)  # the engine answers once the whole layer is written
+    try:
+        try:
+            answer = client.api.import_image(
+                src=_tar_chunks(tar.stdout), repository=repository, tag=version, changes=changes, stream_src=True
+            )
+        except DockerException as exc:
+            raise AleIacError(f"docker import of {image.ref} failed: {exc}") from None
+        finally:
+            if tar.poll() is None:
+                tar.kill()
+            code = tar.wait()
+            errors = tar.stderr.read().decode(errors="replace").strip()
+            tar.stdout.close()
+            tar.stderr.close()
+        if code != 0 or '"error' in str(answer):
+            # A tar that failed half-way may still have made a (truncated) image: never keep it.
+            with contextlib.suppress(DockerException):
+                client.images.remove(tag, force=True)
+            raise AleIacError(
+                f"docker import of {image.ref} failed: tar exited {code} ({errors or 'no message'}); engine: {answer}"
+            )
+    finally:
+        client.close()
+
+
+def ensure_docker_image(name: str = "desktop", log: LogFn = _stderr_log) -> str:
+    """The built image ``name`` in the Docker engine as ``ale-iac/<name>:<hash12>`` (labelled
+    ``ale-iac.image``, ``ale-iac.image-hash``): imported from the cached rootfs if the engine does not
+    have it yet (once, under the image's lock), else reused. Returns the tag. Nothing is pulled."""
+    image = require_image(name)
+    tag = docker_image_tag(image)
+    client = docker_client()
+    try:
+        if _docker_has(client, tag):
+            return tag
+        with _locked(cache_dir() / f".docker-{image.ref}.lock", log):
+            if _docker_has(client, tag):
+                log(f"image {tag} was imported meanwhile")
+                return tag
+            log(f"importing image {image.ref} into the Docker engine as {tag}")
+            started = time.monotonic()
+            _docker_import(image, tag)
+            log(f"image {tag} imported in {time.monotonic() - started:.1f} s")
+    finally:
+        client.close()
+    return tag

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) setup of everything ale-iac needs on a Debian host, as root:
-#   1. Debian packages listed in scripts/apt-packages.txt
+#   1. Debian packages listed in scripts/apt-packages.txt, and the Docker engine (Debian's docker.io) when no
+#      `dockerd` is installed (scripts/dockerd.sh starts it)
 #   2. the Python venv (.venv) with ale-iac and its dev tools
 #   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI that is new enough, else the pinned one
 #      built and cached; both versions are in versions.env)
@@ -37,6 +38,20 @@ if ((${#missing[@]})); then
   done_step "installed ${#missing[@]}"
 else
   done_step "present"
+fi
+
+# The Docker engine for the `docker` executor: Debian's docker.io (with containerd, runc, iptables), only when
+# no dockerd is installed at all: a host with Docker's own docker-ce keeps it (the two packages conflict).
+step "Docker engine (dockerd)"
+if command -v dockerd >/dev/null; then
+  done_step "present"
+elif [[ $(id -u) -ne 0 ]]; then
+  echo >&2; echo "[setup] the Docker engine is missing: run as root, or apt-get install docker.io" >&2; exit 1
+else
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+  done_step "installed docker.io"
 fi
 
 # -- 2. venv -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 * The repo root is put on PYTHONPATH for child processes: dynamic providers defined in test support
   modules (``tests/support/engine.py``) are pickled by reference, and the provider process Pulumi
   starts must be able to import them.
-* Precondition markers (``needs_root``, ``image``, ``engine``, ``sandbox``; see pyproject.toml and
+* Precondition markers (``needs_root``, ``image``, ``engine``, ``sandbox``, ``docker``; see pyproject.toml and
   ``tests/support/preconditions.py``): a test whose precondition this host lacks is skipped with the
   reason, or fails when ``CI=true``. Tests with none of them get the ``fast`` marker: ``pytest -m fast``
   is the fast lane.

@@ -44,5 +44,6 @@ def test_the_executor_registry_lists_only_what_exists() -> None:
     for kind in available_executors():
         cls = executor_class(kind)
         assert issubclass(cls, BaseExecutor) and cls.kind == kind
-    with pytest.raises(ConfigError, match=r"unknown executor 'docker' \(available: local\)"):
-        executor_class("docker", "some-agent")
+    assert set(available_executors()) == {"local", "sandbox", "docker"}
+    with pytest.raises(ConfigError, match=r"unknown executor 'ssh' \(available: local, sandbox, docker\)"):
+        executor_class("ssh", "some-agent")

@@ -26,7 +26,7 @@ from ale_iac.agent.executor import (
     ProcessResult,
 )
 from ale_iac.agent.registry import available_executors, make_executor
-from ale_iac.agent.trajectory import AgentInfo, Trajectory, TrajectoryBuilder
+from ale_iac.agent.trajectory import AgentInfo, Step, Trajectory, TrajectoryBuilder
 
 __all__ = [
     "AgentConfig",
@@ -43,6 +43,7 @@ __all__ = [
     "ModelConfig",
     "ModelGrant",
     "ProcessResult",
+    "Step",
     "TaskPaths",
     "ToolCatalog",
     "Trajectory",

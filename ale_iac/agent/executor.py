@@ -10,14 +10,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, ModelApi, TaskPaths
 from ale_iac.errors import AleIacError
 from ale_iac.sandbox.handle import SandboxHandle
 
-if TYPE_CHECKING:
-    from ale_iac.agent.deployer import BaseAgentDeployer
+
+class Runnable(Protocol):
+    """What ``run_deployer`` needs of a deployer (a :class:`~ale_iac.agent.deployer.BaseAgentDeployer`)."""
+
+    async def install(self) -> None: ...
+
+    async def launch(self, prompt: str) -> AgentRunResult: ...
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ class BaseExecutor(ABC):
         self.env = dict(env)
         self.redact = redact
 
-    async def run_deployer(self, deployer: BaseAgentDeployer, prompt: str, timeout_s: float) -> AgentRunResult:
+    async def run_deployer(self, deployer: Runnable, prompt: str, timeout_s: float) -> AgentRunResult:
         """Run ``install`` then ``launch`` within ``timeout_s`` (install included) and return the result.
 
         This default runs them in this process; executors that run the deployer elsewhere override
@@ -149,6 +154,14 @@ class BaseExecutor(ABC):
         if name not in self.clis:
             raise AleIacError(f"agent CLI {name!r} was not staged: list it in the deployer's `clis`")
         return self.clis[name]
+
+    def host_env(self) -> dict[str, str]:
+        """This process's environment for a child, without any secret the agent's preset names (the
+        model key stays with the gateway; the agent's own ``secrets`` come back only through ``env``)."""
+        hidden = set(self.config.secrets)
+        if self.config.model and self.config.model.api_key_secret:
+            hidden.add(self.config.model.api_key_secret)
+        return {k: v for k, v in base_process_env().items() if k not in hidden}
 
     @abstractmethod
     async def run(

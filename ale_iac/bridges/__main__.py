@@ -1,15 +1,14 @@
 """``python -m ale_iac.bridges vm|cua --endpoint URL``: one bridge over stdio, without the CLI's
 dependencies (typer, rich, Pulumi), for where only the runtime bundle is: inside a sandbox or an
-agent's container. The endpoint's token, if it needs one, comes from ``ALE_IAC_ENDPOINT_TOKEN``."""
+agent's container. The endpoint's token, if it needs one, comes from ``ALE_IAC_ENDPOINT_TOKEN`` or
+the file ``ALE_IAC_ENDPOINT_TOKEN_FILE`` names."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from ale_iac.bridges.serve import serve
-from ale_iac.contract import ENDPOINT_TOKEN_ENV
+from ale_iac.bridges.serve import endpoint_token_from_env, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=["vm", "cua"])
     parser.add_argument("--endpoint", required=True, help="base URL of the computer-server")
     args = parser.parse_args(argv)
-    serve(args.kind, args.endpoint, os.environ.get(ENDPOINT_TOKEN_ENV) or None)
+    serve(args.kind, args.endpoint, endpoint_token_from_env())
     return 0
 
 

@@ -4,11 +4,28 @@ form used where only the runtime bundle is, e.g. inside a sandbox or a container
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
+from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
 from ale_iac.errors import AleIacError
 
 BridgeKind = Literal["vm", "cua"]
+
+
+def endpoint_token_from_env() -> str | None:
+    """The endpoint's token: ``ALE_IAC_ENDPOINT_TOKEN``, or the file ``ALE_IAC_ENDPOINT_TOKEN_FILE`` names."""
+    token = os.environ.get(ENDPOINT_TOKEN_ENV)
+    if token:
+        return token
+    path = os.environ.get(ENDPOINT_TOKEN_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise AleIacError(f"{ENDPOINT_TOKEN_FILE_ENV}={path}: cannot read the token: {exc.strerror or exc}") from None
 
 
 def serve(kind: BridgeKind, endpoint: str, token: str | None, http: tuple[int, str] | None = None) -> None:

@@ -63,6 +63,8 @@ def gc(
         typer.echo(f"{verb} stack {name}")
     for sandbox in report.sandboxes_stopped:
         typer.echo(f"{'would stop' if dry_run else 'stopped'} orphaned local sandbox {sandbox}")
+    for container in report.containers_removed:
+        typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:
         typer.echo(f"killed orphaned dynamic-provider process {pid}")
     for name in report.expired:
@@ -73,7 +75,7 @@ def gc(
         typer.echo(f"kept {name}: {why}")
     for problem in report.errors:
         typer.secho(f"error: {problem}", fg=typer.colors.RED, err=True)
-    if not (report.destroyed or report.sandboxes_stopped or report.expired):
+    if not (report.destroyed or report.sandboxes_stopped or report.expired or report.containers_removed):
         typer.echo("nothing to collect")
     raise typer.Exit(1 if report.errors else 0)
 

@@ -14,6 +14,7 @@ from typing import Literal
 import typer
 
 from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
+from ale_iac.contract import ENDPOINT_TOKEN_FILE_ENV as TOKEN_FILE_ENV
 from ale_iac.errors import AleIacError
 
 mcp_app = typer.Typer(
@@ -25,7 +26,8 @@ BridgeKind = Literal["vm", "cua"]
 
 _ENDPOINT_HELP = (
     "Base URL of the sandbox's computer-server, e.g. http://127.0.0.1:18000; its token, if it needs one, "
-    f"comes from the environment variable {TOKEN_ENV} (never from the command line, which other users can read)."
+    f"comes from the environment variable {TOKEN_ENV} or the file {TOKEN_FILE_ENV} names (never from the "
+    "command line, which other users can read)."
 )
 _STACK_HELP = "Stack whose unit to bridge (instead of --endpoint)."
 _UNIT_HELP = "Unit of --stack (default: the stack's only unit)."
@@ -46,7 +48,9 @@ def resolve_endpoint(endpoint: str | None, stack: str | None, unit: str | None) 
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             raise AleIacError(f"--endpoint must be an http(s) URL, got {endpoint!r}")
-        return endpoint, os.environ.get(TOKEN_ENV) or None
+        from ale_iac.bridges.serve import endpoint_token_from_env
+
+        return endpoint, endpoint_token_from_env()
     if stack:
         from ale_iac.engine import read_unit_handle
 

@@ -11,10 +11,13 @@ the work dir:
   the traceback in ``_entry.log``);
 * ``_done``: written last; its presence says the result is final.
 
-Secrets arrive in ``_secrets.json`` (read, then deleted at once) or in the environment, by the
-names the spec lists; they never sit in the spec. ``relays`` in the spec are loopback ports to
-serve inside, each leading to a Unix socket (the ``docker`` executor's way to the gateway and the
-sandbox from a container without a network).
+Secrets arrive in a JSON file (``secrets_file`` in the spec, by default ``_secrets.json`` in the
+work dir), read and deleted at once, or in the environment by the names the spec lists; they never
+sit in the spec. Two of them are the entry's own, never in the agent's environment: the unit's
+gateway token (``MODEL_TOKEN_SECRET``, handed out as the agent's API key by ``model_access``) and the
+sandbox endpoint's token (``ALE_IAC_ENDPOINT_TOKEN``, in a private file only the bridges are told of).
+``relays`` in the spec are loopback ports to serve inside, each leading to a Unix socket (the
+``docker`` executor's way to the gateway and the sandbox from a container without a network).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Any, ClassVar
 from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, TaskPaths
 from ale_iac.agent.deployer import load_deployer_class
 from ale_iac.agent.executor import BridgeLaunch, ModelAccess
-from ale_iac.contract import UnitOutputs
+from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV, UnitOutputs
 from ale_iac.executors.local import LocalExecutor
-from ale_iac.files import write_json_atomic
+from ale_iac.files import PrivateDir, write_json_atomic
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.relay import loopback_listener, serve_relay, unix_connector
 
@@ -68,6 +71,8 @@ def build_spec(
     prompt: str,
     timeout_s: float,
     relays: list[dict[str, Any]] | None = None,
+    secrets_file: str | None = None,
+    private_dir: str | None = None,
 ) -> dict[str, Any]:
     """The entry's spec, JSON-able and free of secrets: ``model`` is given without its key (that
     travels as ``MODEL_TOKEN_SECRET``), the sandbox without its token."""
@@ -84,6 +89,8 @@ def build_spec(
         "bridges": {k: {"command": b.command, "args": list(b.args), "env": dict(b.env)} for k, b in bridges.items()},
         "secret_env": list(secret_env),
         "relays": list(relays or []),
+        "secrets_file": secrets_file,
+        "private_dir": private_dir,
         "prompt": prompt,
         "timeout_s": timeout_s,
     }
@@ -95,12 +102,18 @@ class _InPlaceExecutor(LocalExecutor):
 
     spec: dict[str, Any]
     model_token: str = ""
+    endpoint_token: str = ""
 
     def bridge(self, kind: BridgeKind) -> BridgeLaunch:
         launch = self.spec["bridges"].get(kind)
         if launch is None:
             raise ValueError(f"the {kind} bridge is not offered where this agent runs")
-        return BridgeLaunch(command=launch["command"], args=list(launch["args"]), env=dict(launch["env"]))
+        env = dict(launch["env"])
+        if self.endpoint_token:
+            # The bridge's only, in a private file: not in the agent's environment, nor in the MCP
+            # configuration a deployer writes into the work dir (the run record).
+            env[ENDPOINT_TOKEN_FILE_ENV] = str(self.private.write("endpoint-token", self.endpoint_token))
+        return BridgeLaunch(command=launch["command"], args=list(launch["args"]), env=env)
 
     def model_access(self) -> ModelAccess:
         model = self.spec.get("model")
@@ -129,9 +142,8 @@ class InContainerExecutor(_InPlaceExecutor):
 IN_PLACE: dict[str, type[_InPlaceExecutor]] = {"sandbox": InSandboxExecutor, "docker": InContainerExecutor}
 
 
-def _read_secrets(work_dir: Path, names: list[str]) -> dict[str, str]:
+def _read_secrets(path: Path, names: list[str]) -> dict[str, str]:
     secrets: dict[str, str] = {}
-    path = work_dir / SECRETS_FILE
     if path.exists():
         try:
             secrets.update(json.loads(path.read_text()))
@@ -167,7 +179,9 @@ def _redactor(values: list[str]) -> Any:
 
 
 async def run(spec: dict[str, Any], work_dir: Path) -> AgentRunResult:
-    secrets = _read_secrets(work_dir, list(spec.get("secret_env") or []))
+    secrets_path = Path(spec.get("secrets_file") or work_dir / SECRETS_FILE)
+    secrets = _read_secrets(secrets_path, list(spec.get("secret_env") or []))
+    own = {MODEL_TOKEN_SECRET, ENDPOINT_TOKEN_ENV}
     _start_relays(list(spec.get("relays") or []))
     config = AgentConfig.model_validate(spec["config"])
     executor_cls = IN_PLACE[spec["kind"]]
@@ -175,12 +189,15 @@ async def run(spec: dict[str, Any], work_dir: Path) -> AgentRunResult:
         config=config,
         sandbox=SandboxHandle(**{"stack": "-", **spec["sandbox"]}),
         work_dir=work_dir,
-        env={k: v for k, v in secrets.items() if k != MODEL_TOKEN_SECRET},
+        env={k: v for k, v in secrets.items() if k not in own},
         redact=_redactor(list(secrets.values())),
         task=TaskPaths.model_validate(spec["task"]) if spec.get("task") else None,
     )
     executor.spec = spec
     executor.model_token = secrets.get(MODEL_TOKEN_SECRET, "")
+    executor.endpoint_token = secrets.get(ENDPOINT_TOKEN_ENV, "")
+    if spec.get("private_dir"):
+        executor.private = PrivateDir(spec["private_dir"])
     deployer = load_deployer_class(config)(executor)
     return await executor.run_deployer(deployer, str(spec["prompt"]), float(spec["timeout_s"]))
 

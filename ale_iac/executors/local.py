@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from ale_iac import procs
-from ale_iac.agent.config import BridgeKind
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult, ale_iac_command, base_process_env
+from ale_iac.agent.config import AgentRunResult, BridgeKind
+from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult, Runnable, ale_iac_command
 from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
+from ale_iac.contract import ENDPOINT_TOKEN_FILE_ENV as TOKEN_FILE_ENV
+from ale_iac.files import PrivateDir
 
 
 class LocalExecutor(BaseExecutor):
@@ -46,7 +49,7 @@ class LocalExecutor(BaseExecutor):
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     cwd=self.work_dir,
-                    env={**base_process_env(), **self.env, **(env or {})},
+                    env={**self.host_env(), **self.env, **(env or {})},
                     process_group=0,  # so a timeout or cancel can kill its whole process group
                 )
             )
@@ -86,11 +89,23 @@ class LocalExecutor(BaseExecutor):
 
     def bridge(self, kind: BridgeKind) -> BridgeLaunch:
         cmd = ale_iac_command()
-        env = {k: v for k, v in base_process_env().items() if k not in self.env}
+        env = self.host_env()  # no secret: a bridge needs none but the endpoint's token
+        env.pop(TOKEN_ENV, None)
         token = self.sandbox.token()
         if token:
-            env[TOKEN_ENV] = token  # in the environment, never on a command line other users can read
+            # A file, not the value: deployers write this env into MCP configs, which are records.
+            env[TOKEN_FILE_ENV] = str(self.private.write("endpoint-token", token))
         return BridgeLaunch(command=cmd[0], args=[*cmd[1:], "mcp", kind, "--endpoint", self.sandbox.endpoint], env=env)
+
+    @functools.cached_property
+    def private(self) -> PrivateDir:
+        return PrivateDir()
+
+    async def run_deployer(self, deployer: Runnable, prompt: str, timeout_s: float) -> AgentRunResult:
+        try:
+            return await super().run_deployer(deployer, prompt, timeout_s)
+        finally:
+            self.private.remove()
 
     def write_text(self, relpath: str, text: str) -> str:
         path = self._path(relpath)

@@ -37,8 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from ale_iac.agent.config import AgentRunResult, BridgeKind
-from ale_iac.agent.deployer import BaseAgentDeployer
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ModelAccess, ProcessResult
+from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
@@ -108,7 +107,7 @@ class SandboxExecutor(BaseExecutor):
 
     # -- the run -------------------------------------------------------------------------------
 
-    async def run_deployer(self, deployer: BaseAgentDeployer, prompt: str, timeout_s: float) -> AgentRunResult:
+    async def run_deployer(self, deployer: Runnable, prompt: str, timeout_s: float) -> AgentRunResult:
         if self.sandbox.os != "linux":
             raise AleIacError(f"the sandbox executor runs on Linux sandboxes only (this one is {self.sandbox.os})")
         if self.env:

@@ -6,7 +6,9 @@
   recorded it);
 * cloud units whose ``expires_at`` has passed are listed (their cloud-side TTL reaps the VMs; the
   stack record is destroyed with ``--expired``);
-* work dirs of dead processes and registry files of finished runs.
+* work dirs of dead processes and registry files of finished runs;
+* containers of the ``docker`` executor made by this home whose runner process is gone (a runner
+  killed before it could remove them), when a Docker engine answers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class GcReport:
     expired: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     providers_killed: list[int] = field(default_factory=list)
+    containers_removed: list[str] = field(default_factory=list)
 
 
 def _expired(expires_at: str | None, now: dt.datetime) -> bool:
@@ -90,6 +93,7 @@ def collect(
             report.errors.append(f"{name}: {exc}")
 
     _collect_local_sandboxes(engine, read_units, existing, set(live), dry_run, report)
+    collect_containers(dry_run=dry_run, report=report)
     if not dry_run:
         engine.sweep_work_dirs()
         report.providers_killed = sweep_orphan_providers()
@@ -162,6 +166,32 @@ def _collect_local_sandboxes(
             report.sandboxes_stopped.append(state.sandbox_id)
         except Exception as exc:
             report.errors.append(f"sandbox {state.sandbox_id}: {exc}")
+
+
+def collect_containers(*, dry_run: bool, report: GcReport) -> None:
+    """Remove this home's ``docker`` executor containers whose runner is gone. A container records its
+    runner as a pid and that pid's start time (labels), so a recycled pid is not taken for it; while
+    the runner lives, its containers are its own to remove. Without an engine there is nothing to do."""
+    from ale_iac.executors import docker as docker_executor
+    from ale_iac.images import docker_client
+
+    try:
+        client = docker_client(timeout=30)
+    except AleIacError:
+        return
+    try:
+        for container in docker_executor.containers_of_this_home(client):
+            if container.owner_alive:
+                continue
+            if not dry_run:
+                try:
+                    docker_executor.remove_container(client, container.id)
+                except Exception as exc:
+                    report.errors.append(f"container {container.name}: {exc}")
+                    continue
+            report.containers_removed.append(container.name)
+    finally:
+        client.close()
 
 
 def destroy_retained(engine: Engine, run_id: str) -> list[str]:

@@ -19,9 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ale_iac.agent import AgentRunResult, TaskPaths, load_deployer_class, make_executor
+from ale_iac.agent import (
+    AgentRunResult,
+    CliInstall,
+    ModelApi,
+    ModelGrant,
+    TaskPaths,
+    load_deployer_class,
+    make_executor,
+)
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError, one_line
+from ale_iac.models.gateway import ModelGateway
 from ale_iac.profile import CleanupMode
 from ale_iac.runner import hook_output
 from ale_iac.runner.experiment import UnitPlan
@@ -35,6 +44,10 @@ from ale_iac.sandbox.readiness import wait_ready
 from ale_iac.task import Evaluation, TaskSandbox
 
 HOOK_TIMEOUT_S = 300.0
+BACKSTOP_S = 120.0
+"""How long past the agent's limit the runner waits for an executor that overruns it, before cancelling."""
+MODEL_USAGE = "model_usage.json"
+"""Per unit: what the model gateway served it (requests, tokens, errors, latency), measured at the gateway."""
 HOOKS_LOG = "hooks.log"
 
 
@@ -51,6 +64,10 @@ class RunContext:
     redactor: Redactor
     secrets_env: dict[str, str]
     on_phase: Callable[[str, str], None] = lambda unit, phase: None
+    clis: dict[str, dict[str, CliInstall]] = field(default_factory=dict)
+    """Per agent name: the agent CLIs its deployer declared, installed on this host."""
+    gateway: ModelGateway | None = None
+    """The run's model gateway (None when no agent uses a model)."""
 
 
 @dataclass
@@ -265,6 +282,7 @@ async def _run_agent(
             f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})"
         )
     record.agent_dir.mkdir(parents=True, exist_ok=True)
+    grant = _model_grant(plan, ctx, deployer_cls.model_api)
     executor = make_executor(
         kind,
         config=plan.agent,
@@ -273,18 +291,34 @@ async def _run_agent(
         env={name: ctx.secrets_env[name] for name in plan.agent.secrets},
         redact=ctx.redactor,
         task=TaskPaths(task_id=plan.task.id, input_dir=sandbox.input_dir, output_dir=sandbox.output_dir),
+        model=grant,
+        clis=ctx.clis.get(plan.agent.name, {}),
     )
     deployer = deployer_cls(executor)
     timeout_s = min(plan.task.card.timeout_s or ctx.unit_timeout_s, ctx.unit_timeout_s)
+    prompt = build_prompt(plan.task.card.instruction, sandbox)
     started = time.monotonic()
     try:
-        await deployer.install()
-        result = await asyncio.wait_for(deployer.launch(build_prompt(plan.task.card.instruction, sandbox)), timeout_s)
+        # The executor enforces timeout_s itself (and kills what it started); this is a backstop.
+        result = await asyncio.wait_for(executor.run_deployer(deployer, prompt, timeout_s), timeout_s + BACKSTOP_S)
     except TimeoutError:
         result = AgentRunResult(status="timeout", error=f"agent exceeded its {timeout_s:.0f} s limit")
     except Exception as exc:  # the deployer raised: a failed run (still graded), with its traceback
         record.event("agent_error", error=one_line(exc), traceback="".join(traceback.format_exception(exc)))
         result = AgentRunResult(status="failed", error=f"agent raised {one_line(exc)}")
+    finally:
+        if grant is not None and ctx.gateway is not None:
+            usage = ctx.gateway.usage(plan.unit_id)
+            ctx.gateway.revoke(plan.unit_id)
+            record.write_json(MODEL_USAGE, usage)
+            record.event(
+                "model_usage",
+                requests=usage.get("requests"),
+                errors=usage.get("errors"),
+                refused=usage.get("refused"),
+                input_tokens=usage.get("input_tokens"),
+                output_tokens=usage.get("output_tokens"),
+            )
     result.duration_s = result.duration_s or time.monotonic() - started
     try:
         data = deployer.parse_artifacts(result).model_dump(mode="json", exclude_none=True)
@@ -293,6 +327,25 @@ async def _run_agent(
         record.event("trajectory_error", error=one_line(exc))
     record.write_json("agent_result.json", result.model_dump(mode="json"))
     return result
+
+
+def _model_grant(plan: UnitPlan, ctx: RunContext, deployer_api: ModelApi | None) -> ModelGrant | None:
+    """The unit's grant on the run's model gateway: a per-unit token in place of the real key."""
+    model = plan.agent.model
+    if model is None or ctx.gateway is None:
+        return None
+    api = model.api or deployer_api
+    if api is None:
+        raise AleIacError(f"agent {plan.agent.name}: model.api is not set and its deployer names no API")
+    grant = ctx.gateway.grant(
+        plan.unit_id,
+        api=api,
+        upstream_base_url=model.base_url,
+        api_key=ctx.secrets_env.get(model.api_key_secret) if model.api_key_secret else None,
+    )
+    return ModelGrant(
+        api=api, model=model.name, token=grant.token, tcp_root=ctx.gateway.tcp_root, attach_unix=grant.attach_unix
+    )
 
 
 def relative_to_record(trajectory: dict[str, Any], agent_dir: str) -> dict[str, Any]:

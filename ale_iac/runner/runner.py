@@ -22,10 +22,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ale_iac.agent import load_deployer_class
+from ale_iac.agent import CliInstall, load_deployer_class
 from ale_iac.agent.registry import executor_class
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError
+from ale_iac.models.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
@@ -104,12 +105,19 @@ def _finished_units(run_dir: Path) -> set[str]:
 
 
 def _secrets(experiment: Experiment) -> dict[str, str]:
+    """Every secret the agents name, by variable name: the ones handed to agents (``secrets``) and the
+    model API keys (``model.api_key_secret``, which only the model gateway holds)."""
     values = {}
     for agent in experiment.agents:
-        for name in agent.secrets:
+        named = [(f"agent {agent.name}: secrets", name) for name in agent.secrets]
+        if agent.model and agent.model.api_key_secret:
+            named.append((f"agent {agent.name}: model.api_key_secret", agent.model.api_key_secret))
+        for where, name in named:
             if not os.environ.get(name):
                 raise ConfigError(
-                    agent.source_dir, f"agent {agent.name}: secrets", f"environment variable {name} is not set"
+                    Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}",
+                    where,
+                    f"environment variable {name} is not set",
                 )
             values[name] = os.environ[name]
     return values
@@ -142,7 +150,30 @@ def check_agents(experiment: Experiment) -> None:
                 f"agent {agent.name} does not support executor {kind!r} "
                 f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})",
             )
+        if deployer_cls.model_api is not None and agent.model is None:
+            raise ConfigError(
+                source, "model", f"agent {agent.name} needs a model (its deployer speaks {deployer_cls.model_api})"
+            )
         deployer_cls.validate_config(agent, tools)
+
+
+def install_clis(experiment: Experiment, log: Callable[[str], None]) -> dict[str, dict[str, CliInstall]]:
+    """The agent CLIs each agent's deployer declares, installed on this host (once; cached)."""
+    from ale_iac.agent.clis import ensure_cli
+
+    return {
+        agent.name: {name: ensure_cli(name, log=log) for name in load_deployer_class(agent).clis}
+        for agent in experiment.agents
+    }
+
+
+def start_gateway(experiment: Experiment) -> ModelGateway | None:
+    """The run's model gateway, if any agent uses a model."""
+    if not any(agent.model for agent in experiment.agents):
+        return None
+    gateway = ModelGateway()
+    gateway.start()
+    return gateway
 
 
 async def _run_all(
@@ -227,6 +258,7 @@ def run_experiment(
     secrets_env = _secrets(experiment)
     check_agents(experiment)
     redactor = Redactor(secrets_env.values())
+    clis = install_clis(experiment, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
 
     engine = Engine()
     profile: Profile | None = None
@@ -298,11 +330,15 @@ def run_experiment(
         redactor=redactor,
         secrets_env=secrets_env,
         on_phase=progress.phase,
+        clis=clis,
     )
     try:
+        ctx.gateway = start_gateway(experiment)
         with progress.display():
             outcomes, interrupted = asyncio.run(_run_all(plans, ctx, spec.concurrency, progress))
     finally:
+        if ctx.gateway is not None:
+            ctx.gateway.close()
         registry.close()
     outcomes.sort(key=lambda o: o.unit_id)
     return RunSummary(run_id=run_id, run_dir=run_dir, outcomes=outcomes, skipped=skipped, interrupted=interrupted)

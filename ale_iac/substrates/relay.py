@@ -22,6 +22,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from ale_iac.files import unix_address
+
 COPY_CHUNK: Final = 256 * 1024
 
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
@@ -29,7 +31,8 @@ Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWri
 
 def unix_connector(path: str) -> Connector:
     async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(path)
+        with unix_address(path) as address:  # a state dir's path may be longer than sun_path holds
+            return await asyncio.open_unix_connection(address)
 
     return connect
 

@@ -89,8 +89,8 @@ def test_a_missing_secret_and_an_unknown_executor_fail_before_any_sandbox(
     with pytest.raises(ConfigError, match="ALE_TEST_NOT_SET is not set"):
         runner.run_experiment(load_experiment(_experiment(tmp_path, preset)))
     (tmp_path / "answer").rename(tmp_path / "answer-old")
-    preset = {"name": "s", "deployer": "tests.support.agents:WriterAgent", "executor": "docker"}
-    with pytest.raises(ConfigError, match="unknown executor 'docker'"):
+    preset = {"name": "s", "deployer": "tests.support.agents:WriterAgent", "executor": "ssh"}
+    with pytest.raises(ConfigError, match="unknown executor 'ssh'"):
         runner.run_experiment(load_experiment(_experiment(tmp_path, preset)))
 
 

@@ -14,6 +14,7 @@ for which the sandbox has no route, so they fail before any packet is sent.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -300,6 +301,51 @@ def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> No
             server.accept()
     lines = probes["stdout"].splitlines()
     assert len(lines) == 5 and all(" failed " in line for line in lines), lines
+
+
+def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> None:
+    """127.0.0.1:<gateway port> inside reaches the state dir's socket on the host, and only while
+    something listens there; the socket's server sees the bytes, nothing else of the host does."""
+    assert isinstance(sut, LocalUnderTest)
+    url = sut.state.gateway_url
+    port = int(url.rsplit(":", 1)[1])
+    probe = f"""
+        import socket
+        try:
+            with socket.create_connection(("127.0.0.1", {port}), timeout=5) as c:
+                c.sendall(b"ping-from-the-sandbox")
+                c.shutdown(socket.SHUT_WR)
+                print("got", c.recv(100).decode() or "EOF")
+        except OSError as exc:
+            print("failed", exc.errno)
+        """
+    # Nobody serves the socket: the connection is accepted inside and closed at once (EOF, or a
+    # reset when the probe's bytes were still unread).
+    assert python(sut, probe)["stdout"].strip() in {"got EOF", f"failed {errno.ECONNRESET}"}
+    received: list[bytes] = []
+    path = Path(sut.state.gateway_socket)
+    assert path.parent == Path(sut.state.state_dir)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+        try:
+
+            def answer() -> None:
+                conn, _ = server.accept()
+                with conn:
+                    data = b""
+                    while chunk := conn.recv(100):
+                        data += chunk
+                    received.append(data)
+                    conn.sendall(b"pong-from-the-host")
+
+            thread = threading.Thread(target=answer)
+            thread.start()
+            assert python(sut, probe)["stdout"].strip() == "got pong-from-the-host"
+            thread.join(timeout=30)
+        finally:
+            path.unlink()
+    assert received == [b"ping-from-the-sandbox"]
 
 
 def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest) -> None:

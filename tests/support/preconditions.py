@@ -8,6 +8,10 @@ The markers (registered, with their meaning, in pyproject.toml):
   toolchain scripts/setup.sh built).
 * ``sandbox``: a host that runs local sandboxes: root, the desktop image, and every
   ``ale_iac.substrates.local.runtime.host_checks()`` ok. Most of these tests start real sandboxes.
+* ``agent_clis``: the pinned agent CLIs (``ale_iac.agent.clis``: Claude Code, Codex) installed, or
+  ``npm`` on PATH to install them from the npm registry (the test's fixture does, ~6 s each, once).
+* ``docker``: a Docker engine that answers, or one this host can start (root and ``dockerd`` installed:
+  the ``docker_engine`` fixture runs scripts/dockerd.sh), and the desktop image (imported into the engine).
 
 The hooks in tests/conftest.py use :func:`missing` before each test: where a precondition is missing the
 test is skipped with the reason on a developer's host, and fails in CI (``CI=true``), because a test that
@@ -72,11 +76,46 @@ def _sandbox() -> str | None:
     return "local sandboxes cannot run here: " + "; ".join(failed) if failed else None
 
 
+@functools.cache
+def _docker() -> str | None:
+    import shutil
+
+    from ale_iac.errors import AleIacError
+    from ale_iac.images import docker_client
+
+    failed = []
+    try:
+        docker_client(timeout=10).close()
+    except AleIacError as exc:
+        if os.geteuid() != 0 or shutil.which("dockerd") is None:
+            failed.append(f"{exc} (and it cannot be started here: that needs root and dockerd)")
+    image = _image()
+    if image is not None:
+        failed.append(image)
+    return "the docker executor cannot run here: " + "; ".join(failed) if failed else None
+
+
+@functools.cache
+def _agent_clis() -> str | None:
+    import shutil
+
+    from ale_iac.agent.clis import CLIS, find_cli
+
+    if all(find_cli(name) is not None for name in CLIS) or shutil.which("npm"):
+        return None
+    return (
+        f"the agent CLIs ({', '.join(CLIS)}) are not installed and npm is not on PATH to install them "
+        "(apt-get install npm; python -m ale_iac.agent.clis ensure claude-code codex)"
+    )
+
+
 CHECKS: dict[str, Callable[[], str | None]] = {
     "needs_root": _root,
     "image": _image,
     "engine": _engine,
     "sandbox": _sandbox,
+    "docker": _docker,
+    "agent_clis": _agent_clis,
 }
 """Marker name -> the check of its precondition (None when met, else why not)."""
 

@@ -28,7 +28,9 @@ class ProbeDeployer(BaseAgentDeployer):
         mode = self.config.settings.get("mode", "probe")
         if mode == "crash":
             raise RuntimeError("probe asked to crash in install")
-        self.executor.write_text("install.log", f"kind={self.executor.kind} native_shell={self.executor.native_shell}\n")
+        self.executor.write_text(
+            "install.log", f"kind={self.executor.kind} native_shell={self.executor.native_shell}\n"
+        )
 
     async def launch(self, prompt: str) -> AgentRunResult:
         mode = self.config.settings.get("mode", "probe")

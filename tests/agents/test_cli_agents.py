@@ -1,0 +1,218 @@
+"""The real Claude Code and Codex CLIs (from npm) through ``ale-iac evaluate``, end to end: a scripted
+model server on 127.0.0.1 plays the model, the run's gateway stands between, and each CLI solves the
+demo task cli-log-stats for real in a local sandbox.
+
+* ``sandbox`` executor: the in-sandbox shape. The deployer and the CLI are carried into the sandbox;
+  the CLI uses its own shell for the work and the cua bridge for a screenshot.
+* ``docker`` executor: the out-of-sandbox shape. The same deployer classes run in a container; the
+  CLIs have no shell of their own and do everything through the vm and cua bridges.
+
+Checked each time: the score, the trajectory made from the CLI's real transcript (the bridge calls
+and their results), the usage the gateway recorded against what the model server served, and that the
+API key appears nowhere: not in the run folder, not in the sandbox (its files and its processes'
+environments, searched after the run), and that the model server saw it (the gateway swapped it in).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ale_iac.contract import UnitOutputs
+from ale_iac.engine import Engine, read_unit_handle
+from ale_iac.models.plan import Plan
+from ale_iac.models.scripted import ScriptedModelServer
+from ale_iac.runner.experiment import load_experiment
+from ale_iac.runner.runner import RunSummary, run_experiment
+from tests.support.sandbox import Endpoint, run
+
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.engine,
+    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.timeout(600),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = REPO / "examples" / "tasks" / "cli-log-stats"
+KEY_ENV = "ALE_TEST_MODEL_KEY"
+OUT = "/data/tasks/cli-log-stats/output"
+SUMMARY = (
+    "cd /data/tasks/cli-log-stats && "
+    "e=$(cat input/logs/*.log | grep -c ' level=ERROR '); "
+    "w=$(cat input/logs/*.log | grep -c ' level=WARN '); "
+    "t=$(grep -h ' level=ERROR ' input/logs/*.log | sed -E 's/.* host=([^ ]+) .*/\\1/' | sort | uniq -c "
+    "| sort -rn | head -n 1 | awk '{print $2}'); "
+    'printf \'errors=%s\\nwarnings=%s\\ntop_host=%s\\n\' "$e" "$w" "$t" > output/summary.txt && echo written'
+)
+PLANS = {
+    # In the sandbox: the CLI's own shell does the work; the cua bridge looks at the screen.
+    "sandbox": [
+        {"tool": "shell", "arguments": {"command": SUMMARY}, "usage": {"input_tokens": 1000, "output_tokens": 50}},
+        {"tool": "mcp:cua.screenshot", "arguments": {}, "usage": {"input_tokens": 1100, "output_tokens": 10}},
+        {"text": "The summary is written.", "usage": {"input_tokens": 1200, "output_tokens": 8}},
+    ],
+    # Outside: everything through the two bridges.
+    "docker": [
+        {
+            "tool": "mcp:vm.run_command",
+            "arguments": {"command": SUMMARY},
+            "usage": {"input_tokens": 900, "output_tokens": 40},
+        },
+        {"tool": "mcp:cua.screenshot", "arguments": {}, "usage": {"input_tokens": 950, "output_tokens": 10}},
+        {"tool": "mcp:vm.read_text", "arguments": {"path": f"{OUT}/summary.txt"}},
+        {"text": "The summary is written.", "usage": {"input_tokens": 1000, "output_tokens": 8}},
+    ],
+}
+AGENTS = {"claude-code": "claude_code", "codex": "codex"}
+
+
+@pytest.fixture
+def model_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    key = "sk-test-" + secrets.token_urlsafe(24)
+    monkeypatch.setenv(KEY_ENV, key)
+    return key
+
+
+def lab(tmp_path: Path, executor: str, server: ScriptedModelServer) -> Path:
+    """Copies of the two agents' folders with presets pointed at the scripted server, and the experiment."""
+    agents = []
+    for name, folder in AGENTS.items():
+        copy = tmp_path / folder
+        shutil.copytree(REPO / "agents" / folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        preset = yaml.safe_load((copy / "preset.yaml").read_text())
+        base = server.base_url + ("/v1" if name == "codex" else "")
+        preset.update(
+            executor=executor,
+            model={"name": "scripted-model", "base_url": base, "api_key_secret": KEY_ENV},
+        )
+        (copy / "preset.yaml").write_text(yaml.safe_dump(preset))
+        agents.append(f"{folder}/preset.yaml")
+    spec = {
+        "name": f"cli-{executor}",
+        "agents": agents,
+        "tasks": [str(TASK)],
+        "profile": "local",
+        "concurrency": 2,
+        "cleanup": "retain",
+        "unit_timeout_s": 240,
+        "output_root": str(tmp_path / "runs"),
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    engine = Engine()
+    before = {s.name for s in engine.list_stacks()}
+    yield engine
+    for stack in engine.list_stacks():
+        if stack.name not in before:
+            engine.destroy(stack.name)
+
+
+def bridge_calls(trajectory: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(tool name, result text, is_error) of every tool call in a trajectory."""
+    calls = []
+    for step in trajectory["steps"]:
+        results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get("results", [])}
+        for call in step.get("tool_calls") or []:
+            result = results.get(call["tool_call_id"], {})
+            calls.append((call["function_name"], str(result.get("content", "")), bool(result.get("is_error"))))
+    return calls
+
+
+def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> None:
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), f"the API key is in {path}"
+    half = len(key) // 2
+    for handle in handles:
+        search = run(
+            Endpoint(handle.endpoint, handle.token()),
+            f'k={key[:half]}{key[half:]}; grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -- "$k" / '
+            '2>/dev/null; grep -lF -- "$k" /proc/[0-9]*/environ 2>/dev/null; true',
+        )
+        assert search["stdout"] == "", f"the API key is in the sandbox: {search['stdout']}"
+
+
+@pytest.mark.parametrize("executor", ["sandbox", pytest.param("docker", marks=pytest.mark.docker)])
+def test_real_clis_solve_a_task_through_the_gateway(
+    executor: str, tmp_path: Path, model_key: str, engine: Engine
+) -> None:
+    plan = Plan.model_validate({"scripts": [{"match": "summary.txt", "turns": PLANS[executor]}]})
+    with ScriptedModelServer(plan, api_key=model_key) as server:
+        summary: RunSummary = run_experiment(load_experiment(lab(tmp_path, executor, server)))
+        served = server.usage_served()
+        assert server.plan_errors == []
+    by_agent = {o.agent: o for o in summary.outcomes}
+    assert set(by_agent) == set(AGENTS)
+    handles = []
+    total = {"requests": 0, "input_tokens": 0, "output_tokens": 0}
+    for name, outcome in by_agent.items():
+        unit = summary.run_dir / outcome.unit_id
+        assert outcome.status == "succeeded" and outcome.score == 1.0, (outcome, (unit / "events.jsonl").read_text())
+        trajectory = json.loads((unit / "trajectory.json").read_text())
+        calls = bridge_calls(trajectory)
+        names = [c[0] for c in calls]
+        assert any("screenshot" in n for n in names), names
+        if executor == "docker":
+            run_cmd = next(c for c in calls if c[0].endswith("run_command"))
+            assert "written" in run_cmd[1] and not run_cmd[2], run_cmd
+            read = next(c for c in calls if c[0].endswith("read_text"))
+            assert "errors=" in read[1], read
+        else:
+            shell = calls[0]
+            assert "written" in shell[1] and not shell[2], shell
+        assert trajectory["final_metrics"]["total_tool_calls"] == len(PLANS[executor]) - 1
+        usage = json.loads((unit / "model_usage.json").read_text())
+        assert usage["errors"] == 0 and usage["refused"] == 0, usage
+        assert usage["requests"] == len(PLANS[executor]), (name, usage)
+        for field in total:
+            total[field] += usage[field]
+        assert outcome.stack is not None
+        handles.append(read_unit_handle(outcome.stack, None))
+    assert total == served
+    assert_key_nowhere(model_key, summary.run_dir, handles)
+
+
+@pytest.mark.parametrize("cleanup", ["retain", "retain-on-failure", "destroy"])
+def test_a_unit_timeout_kills_the_in_sandbox_agent(
+    cleanup: str, tmp_path: Path, model_key: str, engine: Engine
+) -> None:
+    """The model never answers (a stream that starts and hangs): each CLI waits until the unit's
+    deadline. Then it is dead before cleanup, whatever the cleanup mode, and its record says why."""
+    plan = Plan.model_validate({"scripts": [{"match": "summary.txt", "turns": [{"fail": "hang"}]}]})
+    with ScriptedModelServer(plan, api_key=model_key) as server:
+        path = lab(tmp_path, "sandbox", server)
+        spec = json.loads(path.read_text())
+        path.write_text(json.dumps({**spec, "cleanup": cleanup, "unit_timeout_s": 15}))
+        summary = run_experiment(load_experiment(path))
+    for outcome in summary.outcomes:
+        unit = summary.run_dir / outcome.unit_id
+        assert outcome.status == "agent_timeout", outcome
+        result = json.loads((unit / "agent_result.json").read_text())
+        assert result["status"] == "timeout" and "15 s" in result["error"], result
+        trajectory = json.loads((unit / "trajectory.json").read_text())
+        assert "exceeded its 15 s limit" in trajectory["steps"][-1]["message"], trajectory["steps"][-1]
+        if cleanup == "destroy":
+            assert outcome.cleanup == "destroyed"
+            continue
+        assert outcome.cleanup == "retained" and outcome.stack is not None
+        handle = read_unit_handle(outcome.stack, None)
+        left = run(
+            Endpoint(handle.endpoint, handle.token()),
+            "pgrep -af 'ale_iac[.]executors[.]entry|claude[.]exe|/code[x]|ale_iac[.]bridges'; true",
+        )
+        assert left["stdout"] == "", f"{outcome.agent} left processes in its sandbox: {left['stdout']}"
+    if cleanup == "destroy":
+        assert [s.name for s in engine.list_stacks() if s.name.startswith("run-")] == []
