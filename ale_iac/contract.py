@@ -23,6 +23,7 @@ UNITS_OUTPUT = "units"
 """Name of the stack output that carries the per-unit handles."""
 
 OsName = Literal["linux", "windows"]
+BulkTransport = Literal["http", "docker"]
 
 ENDPOINT_TOKEN_ENV = "ALE_IAC_ENDPOINT_TOKEN"
 """Environment variable that carries an endpoint's bearer token to a process (a bridge, an agent's
@@ -41,24 +42,41 @@ class SandboxPaths(BaseModel):
     work_dir_base: str = Field(description="Where per-run agent work dirs are created.")
     task_data_root: str = Field(description="Root of staged task data (input/, reference/, output/).")
     python: str = Field(description="A Python interpreter inside the sandbox.")
+    ale_root: str | None = Field(
+        default=None,
+        description="ALE's REMOTE_ROOT_DIR: where cua-bench tasks keep their data, "
+        "<ale_root>/<domain>/<task>/<variant>/{input,software,reference,output}. None: ALE's default for the OS.",
+    )
+    user: str | None = Field(default=None, description="The account the computer-server (and every command) runs as.")
 
+
+ALE_LINUX_ROOT = "/media/user/data/agenthle"
+"""ALE's ``REMOTE_ROOT_DIR`` on its Linux images (ale-ubuntu22), which its Linux tasks assume."""
+ALE_WINDOWS_ROOT = "E:\\agenthle"
+"""ALE's ``REMOTE_ROOT_DIR`` on its Windows images (ale-win10)."""
 
 LINUX_DESKTOP_PATHS = SandboxPaths(
     home="/root",
     work_dir_base="/root/.ale",
     task_data_root="/data/tasks",
     python="/usr/bin/python3",
+    ale_root=ALE_LINUX_ROOT,
+    user="root",
 )
-"""Path conventions of the ``desktop`` image built from ``images/desktop``."""
+"""Path conventions of the ``desktop`` image built from ``images/desktop``. ALE's data root is made by
+the staging code when a task needs it (the root file system is writable); ``python3`` is on PATH."""
 
 WINDOWS_DESKTOP_PATHS = SandboxPaths(
     home="C:\\Users\\User",
     work_dir_base="C:\\Users\\User\\.ale",
     task_data_root="C:\\ale\\tasks",
     python="C:\\ale-run\\.venv\\Scripts\\python.exe",
+    ale_root=ALE_WINDOWS_ROOT,
+    user="User",
 )
 """Path conventions for Windows images: the desktop user ``User`` (auto-logon), the computer-server's
-venv under ``C:\\ale-run`` (as in ALE's ale-win10 image), task data under ``C:\\ale\\tasks``."""
+venv under ``C:\\ale-run`` (as in ALE's ale-win10 image), task data under ``C:\\ale\\tasks``, ALE's
+tasks' data under ``E:\\agenthle``."""
 
 
 def paths_for(os_name: OsName) -> SandboxPaths:
@@ -137,6 +155,12 @@ class UnitOutputs(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     expires_at: str | None = Field(default=None, description="ISO-8601 time after which gc may reap it.")
     managed: bool = Field(default=True, description="False for endpoints ale-iac did not create (static).")
+    transport: BulkTransport = Field(
+        default="http",
+        description="How bulk files (task inputs, outputs) reach the unit: 'http' (the computer-server's file "
+        "commands, any endpoint) or 'docker' (the local engine's archive API on ``container_id``).",
+    )
+    container_id: str | None = Field(default=None, description="The unit's container, for the 'docker' transport.")
 
     def token(self) -> str | None:
         """The endpoint's bearer token in clear (for a client or a bridge's environment)."""

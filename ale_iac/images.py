@@ -707,3 +707,15 @@ def ensure_docker_image(name: str = "desktop", log: LogFn = _stderr_log) -> str:
     finally:
         client.close()
     return tag
+
+
+EXPORT_TARGETS = ("docker",)
+"""Where a built rootfs can be exported: one recipe, one cache, several exports."""
+
+
+def export_image(name: str, target: str, log: LogFn = _stderr_log) -> str:
+    """Export the built image ``name`` to ``target`` (see :data:`EXPORT_TARGETS`); returns what it is
+    called there (for ``docker``, the engine tag ``ale-iac/<name>:<hash12>``)."""
+    if target not in EXPORT_TARGETS:
+        raise AleIacError(f"unknown image export target {target!r} (known: {', '.join(EXPORT_TARGETS)})")
+    return ensure_docker_image(name, log=log)

@@ -54,6 +54,20 @@ class LocalRoute(StrictModel):
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
 
 
+class DockerRoute(StrictModel):
+    """A container of the image per unit on the local Docker engine (``ale_iac/substrates/docker``)."""
+
+    provider: Literal["docker"]
+    image: str = Field(default="desktop", description="Image recipe name under images/ (exported to the engine).")
+    screen_width: int = Field(default=1280, ge=320, le=7680)
+    screen_height: int = Field(default=800, ge=240, le=4320)
+    allow_outbound: bool = Field(default=False, description="Give the container outbound network (never the host).")
+    pids_limit: int = Field(default=4096, ge=64, le=4_194_304, description="Most tasks alive in a container at once.")
+    shm_gb: float = Field(default=1.0, gt=0, le=64, description="Size of /dev/shm.")
+    ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry label: gc may reap it after this.")
+    shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
+
+
 class StaticRoute(StrictModel):
     """Existing computer-server endpoints. ale-iac attaches to them and never destroys them."""
 
@@ -71,7 +85,7 @@ class StaticRoute(StrictModel):
         return self
 
 
-AnyRoute = LocalRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
+AnyRoute = LocalRoute | DockerRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
 """The provider kinds: one route model each. The kind names and the declaring modules
 (``ale_iac.infra.<kind>``) derive from it; a new kind is a route model here plus that module."""
 Route = Annotated[AnyRoute, Field(discriminator="provider")]

@@ -37,13 +37,18 @@ class Evaluation:
 class TaskSandbox:
     """What ``setup`` and ``evaluate`` receive: the sandbox plus the task's paths inside it."""
 
-    def __init__(self, handle: SandboxHandle, client: ComputerServerClient, task_id: str) -> None:
+    def __init__(
+        self, handle: SandboxHandle, client: ComputerServerClient, task_id: str, task_dir: str | None = None
+    ) -> None:
+        """The task's folders are ``<task_data_root>/<task_id>/...`` unless ``task_dir`` says where;
+        joined with the sandbox's separator (a backslash on Windows)."""
         self.handle = handle
         self.client = client
-        self.task_dir = f"{handle.paths.task_data_root.rstrip('/')}/{task_id}"
-        self.input_dir = f"{self.task_dir}/input"
-        self.output_dir = f"{self.task_dir}/output"
-        self.reference_dir = f"{self.task_dir}/reference"
+        sep = "\\" if handle.os == "windows" else "/"
+        self.task_dir = task_dir or f"{handle.paths.task_data_root.rstrip(sep)}{sep}{task_id}"
+        self.input_dir = f"{self.task_dir}{sep}input"
+        self.output_dir = f"{self.task_dir}{sep}output"
+        self.reference_dir = f"{self.task_dir}{sep}reference"
 
     async def run(self, command: str, timeout: float | None = 60) -> CommandResult:
         return await self.client.run_command(command, timeout=timeout)

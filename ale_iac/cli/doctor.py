@@ -50,6 +50,8 @@ def doctor() -> None:
         subs.add_row(check.name, "yes" if check.ok else "no", check.detail)
     from ale_iac.images import find_image
 
+    for name, ok, detail in _docker_rows():
+        subs.add_row(name, "yes" if ok else "no", detail)
     image = find_image("desktop")
     subs.add_row(
         "image desktop",
@@ -64,6 +66,41 @@ def doctor() -> None:
         console.print("the `local` profile cannot run here")
         raise typer.Exit(1)
     console.print("[green]✓[/green] the `local` profile can run here")
+
+
+def _docker_rows() -> list[tuple[str, bool, str]]:
+    """The ``docker`` profile's needs: an engine that answers, the host firewall its units rely on, and the
+    desktop image exported into the engine (made on first use if missing). Not needed by `local`."""
+    from ale_iac.substrates.docker import runtime as docker_runtime
+
+    try:
+        client = docker_runtime.client(timeout=10)
+    except AleIacError as exc:
+        return [("docker: engine", False, str(exc))]
+    try:
+        version = client.version()
+        info = client.info()
+        rows = [
+            (
+                "docker: engine",
+                True,
+                f"server {version.get('Version')}, {info.get('Driver')}, cgroup v{info.get('CgroupVersion')}, "
+                f"{len(docker_runtime.list_sandboxes(client))} unit container(s) of this home",
+            )
+        ]
+        ok, detail = docker_runtime.firewall_status()
+        rows.append(("docker: unit firewall", ok, detail if ok else f"{detail} (added on the first unit create)"))
+        try:
+            from ale_iac.images import _docker_has, docker_image_tag, require_image
+
+            tag = docker_image_tag(require_image("desktop"))
+            present = _docker_has(client, tag)
+            rows.append(("docker: image", present, tag if present else f"{tag} not exported yet (made on first use)"))
+        except AleIacError as exc:
+            rows.append(("docker: image", False, str(exc)))
+        return rows
+    finally:
+        client.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -24,17 +24,30 @@ def build(
     name: Annotated[str, typer.Argument(help="Recipe name, a folder under images/ (e.g. desktop).")],
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if this recipe is already built.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print everything the build prints.")] = False,
+    export: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--export",
+            help="Also export the built rootfs: 'docker' imports it into the local engine as "
+            "ale-iac/<name>:<hash12> (once per recipe hash; nothing is pulled). Prints the tag.",
+        ),
+    ] = None,
 ) -> None:
     """Build an image (debootstrap + its setup phases), or reuse the cached build of the same recipe."""
-    from ale_iac.images import build_image
+    from ale_iac.images import EXPORT_TARGETS, build_image, export_image
 
     started = time.monotonic()
 
     def log(line: str) -> None:
         typer.echo(f"{time.monotonic() - started:7.1f}s  {line}", err=True)
 
+    unknown = sorted(set(export or []) - set(EXPORT_TARGETS))
+    if unknown:
+        raise typer.BadParameter(f"unknown export target(s) {unknown} (known: {', '.join(EXPORT_TARGETS)})")
     image = build_image(name, force=force, log=log, verbose=verbose)
     typer.echo(str(image.path))
+    for target in export or []:
+        typer.echo(export_image(name, target, log=log))
 
 
 @images_app.command("ls")

@@ -31,8 +31,21 @@ from filelock import FileLock
 from ale_iac.errors import AleIacError
 from ale_iac.paths import cache_root
 
-RUNTIME_REQUIREMENTS = ("pydantic", "httpx", "mcp", "PyYAML", "psutil", "sniffio", "filelock")
-"""What the in-sandbox side imports (``ale_iac.executors.entry``, ``ale_iac.bridges``), at this venv's versions."""
+RUNTIME_REQUIREMENTS = (
+    "pydantic",
+    "httpx",
+    "mcp",
+    "PyYAML",
+    "psutil",
+    "sniffio",
+    "filelock",
+    "anthropic",
+    "openai",
+    "pillow",
+)
+"""What the in-sandbox side imports (``ale_iac.executors.entry``, ``ale_iac.bridges``) and what deployers
+running there import (agents/ale_claw: the two model SDKs, Pillow for downscaling screenshots), at this
+venv's versions."""
 PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",

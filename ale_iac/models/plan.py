@@ -9,10 +9,13 @@ scripts:
         usage: {input_tokens: 1200, output_tokens: 40}
       - tool: shell                       # the CLI's own shell tool (Claude Code Bash, Codex exec_command)
         arguments: {command: "cat /tmp/out.txt"}
+      - tool: fn:exec                     # a function tool offered under exactly this name (a harness's own tool)
+        arguments: {command: "ls"}
       - text: "Done."                     # the final answer
   - match: "."
     turns:
-      - fail: http_500                    # or hang (never completes), drop (cut mid-stream)
+      - fail: http_429                    # http_500/429/529/400/401, hang (never completes), drop (cut mid-stream)
+        times: 2                          # optional: only the first 2 requests reaching it fail, then it is skipped
 ```
 
 The first script whose ``match`` is found wins. The turn served is the number of tool results already
@@ -29,9 +32,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from ale_iac.errors import read_yaml, validate
 
-FailMode = Literal["http_500", "hang", "drop"]
+FailMode = Literal["http_500", "http_429", "http_529", "http_400", "http_401", "hang", "drop"]
 SHELL: Final = "shell"
 MCP_TOOL = re.compile(r"^mcp:(?P<server>[A-Za-z0-9_-]+)\.(?P<tool>[A-Za-z0-9_.-]+)$")
+FN_TOOL = re.compile(r"^fn:(?P<name>[A-Za-z0-9_-]+)$")
 
 _TOOL_TAG: Final = "tool turn"
 _TEXT_TAG: Final = "text turn"
@@ -54,13 +58,16 @@ NO_USAGE: Final = Usage(input_tokens=0, output_tokens=0)
 
 
 def _logical_name(value: str) -> str:
-    if value != SHELL and not MCP_TOOL.match(value):
-        raise ValueError(f"{value!r} is not a tool: use mcp:<server>.<tool> (e.g. mcp:vm.run_command) or shell")
+    if value != SHELL and not MCP_TOOL.match(value) and not FN_TOOL.match(value):
+        raise ValueError(
+            f"{value!r} is not a tool: use mcp:<server>.<tool> (e.g. mcp:vm.run_command), fn:<name> or shell"
+        )
     return value
 
 
 class ToolTurn(BaseModel):
-    """Call a tool: ``mcp:<server>.<tool>`` or ``shell`` (the CLI's native shell; needs ``command``)."""
+    """Call a tool: ``mcp:<server>.<tool>``, ``fn:<name>`` (a function tool offered under exactly that
+    name, as an agent harness names its own tools) or ``shell`` (the CLI's native shell; needs ``command``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -74,6 +81,11 @@ class ToolTurn(BaseModel):
         if found is None:
             raise ValueError(f"{self.tool} is not an MCP tool")
         return found["server"], found["tool"]
+
+    def function_name(self) -> str | None:
+        """The name of an ``fn:`` tool (None for the other forms)."""
+        found = FN_TOOL.match(self.tool)
+        return found["name"] if found else None
 
 
 def _shell_has_command(turn: ToolTurn) -> ToolTurn:
@@ -92,12 +104,20 @@ class TextTurn(BaseModel):
 
 
 class FailTurn(BaseModel):
-    """Fail: ``http_500`` (an error response), ``hang`` (a stream that starts and never completes),
-    ``drop`` (a stream cut off mid-way). Serves no usage."""
+    """Fail: ``http_<status>`` (a vendor-shaped error response with that status: 500, 429, 529, 400,
+    401), ``hang`` (a stream that starts and never completes), ``drop`` (a stream cut off mid-way).
+    Serves no usage. With ``times: N`` only the first N requests that reach the turn (counted by the
+    server, across conversations) fail; after that the turn is skipped, as if it were not in the script."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fail: FailMode
+    times: int | None = Field(default=None, ge=1)
+
+    @property
+    def http_status(self) -> int | None:
+        """The status of an ``http_<status>`` failure."""
+        return int(self.fail.removeprefix("http_")) if self.fail.startswith("http_") else None
 
 
 def _turn_kind(value: Any) -> str | None:

@@ -115,6 +115,7 @@ class _Reply:
     namespace: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     fail: FailMode | None = None
+    status: int = 200
     script: int | None = None
     turn: int | None = None
     plan_error: str | None = None
@@ -236,6 +237,9 @@ def _resolve_tool(api: Api, turn: ToolTurn, offered: _Offered) -> tuple[str | No
                     return None, name, {"command": command, **_only_known(rest, known)}
                 return None, name, {"command": ["bash", "-lc", command], **_only_known(rest, known)}
         return None
+    function = turn.function_name()
+    if function is not None:
+        return (None, function, dict(turn.arguments)) if offered.has(None, function) else None
     server, tool = turn.mcp_parts()
     flat = f"mcp__{server}__{tool}"
     if api == "openai" and offered.has(f"mcp__{server}", tool):
@@ -256,16 +260,25 @@ def _not_offered(turn: ToolTurn, offered: _Offered) -> str:
     return message
 
 
-def choose_reply(plan: Plan, api: Api, body: dict[str, Any]) -> _Reply:
-    """The answer the plan gives to this request."""
+def choose_reply(
+    plan: Plan, api: Api, body: dict[str, Any], failed: dict[tuple[int, int], int] | None = None
+) -> _Reply:
+    """The answer the plan gives to this request. ``failed`` counts, per (script, turn), the requests a
+    fail turn with ``times`` has failed so far (updated here); such a turn is skipped once spent."""
     prompt = prompt_of(api, body)
     index = plan.script_for(prompt)
     if index is None:
         excerpt = " ".join(prompt.split())[:160]
         return _error_reply(f"no script matches the prompt {excerpt!r}")
     script: Script = plan.scripts[index]
+    failed = {} if failed is None else failed
+    live = [
+        (i, t)
+        for i, t in enumerate(script.turns)
+        if not (isinstance(t, FailTurn) and t.times is not None and failed.get((index, i), 0) >= t.times)
+    ]
     number = tool_results_in(api, body)
-    if number >= len(script.turns):
+    if number >= len(live):
         texts = [t for t in script.turns if isinstance(t, TextTurn)]
         if not texts:
             return _error_reply(
@@ -276,11 +289,14 @@ def choose_reply(plan: Plan, api: Api, body: dict[str, Any]) -> _Reply:
             )
         last = texts[-1]
         return _Reply("text", last.usage, text=last.text, script=index, turn=script.turns.index(last))
-    turn = script.turns[number]
+    number, turn = live[number]
     if isinstance(turn, TextTurn):
         return _Reply("text", turn.usage, text=turn.text, script=index, turn=number)
     if isinstance(turn, FailTurn):
-        return _Reply("fail", NO_USAGE, fail=turn.fail, script=index, turn=number)
+        if turn.times is not None:
+            failed[(index, number)] = failed.get((index, number), 0) + 1
+        status = turn.http_status or 200
+        return _Reply("fail", NO_USAGE, fail=turn.fail, status=status, script=index, turn=number)
     offered = offered_tools(api, body)
     resolved = _resolve_tool(api, turn, offered)
     if resolved is None:
@@ -479,6 +495,8 @@ def _error_body(api: Api, status: int, message: str) -> dict[str, Any]:
         401: "authentication_error",
         404: "not_found_error",
         405: "invalid_request_error",
+        429: "rate_limit_error",
+        529: "overloaded_error",
     }
     kind = kinds.get(status, "api_error")
     if api == "anthropic":
@@ -512,6 +530,7 @@ class ScriptedModelServer:
         self._on_request = on_request
         self._lock = threading.Lock()
         self._requests: list[ServedRequest] = []
+        self._failed: dict[tuple[int, int], int] = {}
         self._loop: serving.LoopThread | None = None
         self._listener: serving.Listener | None = None
         self._stopping: asyncio.Event | None = None
@@ -649,11 +668,12 @@ class ScriptedModelServer:
             self._record(replace(seen, status=200, served="count_tokens"))
             await serving.send_json(send, 200, {"input_tokens": max(1, len(raw or b"") // 4)})
             return
-        reply = choose_reply(self.plan, api, body)
+        with self._lock:
+            reply = choose_reply(self.plan, api, body, self._failed)
         self._record(
             replace(
                 seen,
-                status=500 if reply.fail == "http_500" else 200,
+                status=reply.status,
                 served=reply.served,
                 offered=offered_tools(api, body).display,
                 script=reply.script,
@@ -670,8 +690,9 @@ class ScriptedModelServer:
     async def _answer(
         self, api: Api, model: str, stream: bool, reply: _Reply, receive: serving.Receive, send: serving.Send
     ) -> None:
-        if reply.fail == "http_500":
-            await serving.send_json(send, 500, _error_body(api, 500, "scripted failure (http_500)"))
+        if reply.status != 200:
+            message = f"scripted failure ({reply.fail})"
+            await serving.send_json(send, reply.status, _error_body(api, reply.status, message))
             return
         then: Then
         if stream:
@@ -686,7 +707,7 @@ class ScriptedModelServer:
             if reply.fail is None:
                 await serving.send_json(send, 200, payload)
                 return
-            then = reply.fail
+            then = "drop" if reply.fail == "drop" else "hang"
             await serving.start_response(send, 200, [("content-type", "application/json")])
             if then == "drop":
                 await serving.send_chunk(send, json.dumps(payload).encode()[:16])

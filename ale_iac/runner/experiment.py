@@ -2,7 +2,9 @@
 
     name: demo
     agents: [scripted]                 # preset names (agents/<name>/preset.yaml) or preset files
-    tasks: [tasks/cli-wordcount, tasks.txt]   # task folders or list files
+    tasks: [tasks/cli-wordcount, tasks.txt]   # task folders (either format) or list files
+    tasks_root: ale/tasks              # ALE's tasks/ folder (or the one above it): <domain>/<task> entries
+    task_data: ale-data                # ALE's task-data store: <domain>/<task>[/<variant>]/{input,software,reference}
     repeats: 1
     profile: local                     # or pool: <stack> to lease units of a pool stack
     concurrency: 2
@@ -28,7 +30,8 @@ from ale_iac.agent import AgentConfig
 from ale_iac.errors import ConfigError, read_yaml, validate
 from ale_iac.paths import project_root
 from ale_iac.profile import CleanupMode
-from ale_iac.runner.tasks import CARD_NAME, Task, load_task, load_task_list
+from ale_iac.runner.ale_tasks import LocalTaskData, load_ale_task
+from ale_iac.runner.tasks import CARD_NAME, Task, is_task_folder, load_task, load_task_list
 
 
 class ExperimentSpec(BaseModel):
@@ -36,7 +39,13 @@ class ExperimentSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$", description="Experiment name.")
     agents: list[str] = Field(min_length=1, description="Agent presets: names or preset yaml paths.")
-    tasks: list[str] = Field(min_length=1, description="Task folders or list files.")
+    tasks: list[str] = Field(min_length=1, description="Task folders (either format) or list files.")
+    tasks_root: str | None = Field(
+        default=None, description="ALE's tasks/ folder (or the folder above it): where <domain>/<task> entries are."
+    )
+    task_data: str | None = Field(
+        default=None, description="ALE's task-data store, a folder of <domain>/<task>/{input,software,reference}."
+    )
     repeats: int = Field(default=1, ge=1, le=1000)
     profile: str | None = Field(default=None, description="Environment profile (default: local).")
     pool: str | None = Field(default=None, description="Lease units from this pool stack instead.")
@@ -136,15 +145,34 @@ def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
     return validate(AgentConfig, {**data, "source_dir": str(path.parent)}, path)
 
 
-def _task_folders(ref: str, base: Path, source: Path) -> list[Path]:
-    path = (base / ref).resolve()
-    if path.is_dir():
-        if not (path / CARD_NAME).exists():
-            raise ConfigError(source, "tasks", f"{ref!r} is a folder without a {CARD_NAME}")
-        return [path]
-    if path.is_file():
-        return load_task_list(path)
+def _tasks_root(spec: ExperimentSpec, base: Path, source: Path) -> Path | None:
+    if spec.tasks_root is None:
+        return None
+    root = (base / spec.tasks_root).resolve()
+    if (root / "tasks").is_dir():
+        root = root / "tasks"
+    if not root.is_dir():
+        raise ConfigError(source, "tasks_root", f"{spec.tasks_root!r} is not a folder")
+    return root
+
+
+def _task_folders(ref: str, base: Path, source: Path, tasks_root: Path | None) -> list[Path]:
+    candidates = [(base / ref).resolve()] + ([(tasks_root / ref).resolve()] if tasks_root is not None else [])
+    for path in candidates:
+        if path.is_dir():
+            if not is_task_folder(path):
+                raise ConfigError(
+                    source, "tasks", f"{ref!r} is a folder without a {CARD_NAME} or main.py + task_card.json"
+                )
+            return [path]
+        if path.is_file():
+            return load_task_list(path, tasks_root)
     raise ConfigError(source, "tasks", f"{ref!r} is neither a task folder nor a list file")
+
+
+def load_any_task(folder: Path, data_store: LocalTaskData | None = None) -> Task:
+    """A task folder of either format: ``task.yaml`` (this project's) or ALE's ``main.py`` + ``task_card.json``."""
+    return load_task(folder) if (folder / CARD_NAME).is_file() else load_ale_task(folder, data_store)
 
 
 def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Experiment:
@@ -164,9 +192,16 @@ def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Expe
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
         raise ConfigError(path, "agents", f"two presets share a name: {names}")
+    tasks_root = _tasks_root(spec, base, path)
+    store = None
+    if spec.task_data is not None:
+        store_dir = (base / spec.task_data).resolve()
+        if not store_dir.is_dir():
+            raise ConfigError(path, "task_data", f"{spec.task_data!r} is not a folder")
+        store = LocalTaskData(store_dir)
     tasks: list[Task] = []
     for ref in spec.tasks:
-        tasks.extend(load_task(folder) for folder in _task_folders(ref, base, path))
+        tasks.extend(load_any_task(folder, store) for folder in _task_folders(ref, base, path, tasks_root))
     ids = [t.id for t in tasks]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

@@ -8,7 +8,9 @@
   stack record is destroyed with ``--expired``);
 * work dirs of dead processes and registry files of finished runs;
 * containers of the ``docker`` executor made by this home whose runner process is gone (a runner
-  killed before it could remove them), when a Docker engine answers.
+  killed before it could remove them), when a Docker engine answers;
+* ``docker`` unit containers of this home (found by their ``ale-iac.sandbox`` label) that no stack
+  lists, and the networks and volumes of units whose container is gone (a create killed half-way).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def collect(
             report.errors.append(f"{name}: {exc}")
 
     _collect_local_sandboxes(engine, read_units, existing, set(live), dry_run, report)
+    _collect_docker_units(engine, read_units, existing, set(live), dry_run, report)
     collect_containers(dry_run=dry_run, report=report)
     if not dry_run:
         engine.sweep_work_dirs()
@@ -168,6 +171,49 @@ def _collect_local_sandboxes(
             report.errors.append(f"sandbox {state.sandbox_id}: {exc}")
 
 
+def _collect_docker_units(
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Remove ``docker`` unit containers (with their networks and volumes) that no stack lists, as for
+    local sandboxes; a unit of a stack that a live run claims or a live CLI is changing is left alone."""
+    from ale_iac.substrates.docker import runtime as docker_runtime
+
+    try:
+        client = docker_runtime.client(timeout=30)
+    except AleIacError:
+        return
+    try:
+        referenced: set[str] = set()
+        busy: set[str] = set(live)
+        for stack in existing:
+            if engine.is_locked(stack):
+                busy.add(stack)
+                continue
+            units = read_units(stack)
+            if units is None:
+                busy.add(stack)
+                continue
+            referenced |= {u.resource_id for u in units.values() if u.provider == "docker"}
+        stack_label = f"{docker_runtime.LABEL}stack"
+        candidates = {unit.sandbox_id: unit.labels for unit in docker_runtime.list_sandboxes(client)}
+        candidates.update(docker_runtime.orphan_objects(client))
+        stale = {
+            sandbox_id
+            for sandbox_id, labels in candidates.items()
+            if sandbox_id not in referenced and labels.get(stack_label) not in busy
+        }
+        for sandbox_id in sorted(stale):
+            if not dry_run:
+                try:
+                    docker_runtime.stop(sandbox_id, client)
+                except Exception as exc:
+                    report.errors.append(f"docker unit {sandbox_id}: {exc}")
+                    continue
+            report.sandboxes_stopped.append(sandbox_id)
+    finally:
+        client.close()
+
+
 def collect_containers(*, dry_run: bool, report: GcReport) -> None:
     """Remove this home's ``docker`` executor containers whose runner is gone. A container records its
     runner as a pid and that pid's start time (labels), so a recycled pid is not taken for it; while
@@ -180,8 +226,12 @@ def collect_containers(*, dry_run: bool, report: GcReport) -> None:
     except AleIacError:
         return
     try:
+        from ale_iac.substrates.docker import runtime as docker_runtime
+
+        # Unit containers carry this home's label too; they are the stacks' to remove (above), not these.
+        units = {unit.container_id for unit in docker_runtime.list_sandboxes(client)}
         for container in docker_executor.containers_of_this_home(client):
-            if container.owner_alive:
+            if container.owner_alive or container.id in units:
                 continue
             if not dry_run:
                 try:

@@ -1,6 +1,7 @@
 """One unit, start to finish:
 
-    provision (stack up, or lease a pool unit) -> readiness -> stage inputs + setup
+    load the task (ALE: load() once) -> provision (stack up, or lease a pool unit) -> readiness
+      -> stage inputs + setup
       -> deployer: install -> launch(prompt) -> parse_artifacts -> stage reference -> evaluate
       -> pull outputs -> record -> release per cleanup mode (always, in a finally, also on cancel)
 
@@ -38,7 +39,7 @@ from ale_iac.runner.provisioners import RETAINED, Provisioner
 from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.registry import RunRegistry
 from ale_iac.runner.status import AGENT_OUTCOME, UnitStatus
-from ale_iac.runner.tasks import Task, download_dir, upload_dir
+from ale_iac.runner.tasks import TaskDataMissingError, UnitTask, collect_dir
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
 from ale_iac.task import Evaluation, TaskSandbox
@@ -199,6 +200,13 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
     provisioner = ctx.provisioner()
     handle: SandboxHandle | None = None
     try:
+        async with unit.phase("load", UnitStatus.SETUP_FAILED) as done:
+            try:
+                task = plan.task.for_unit()  # ALE's format: load() runs here, once per unit
+            except TaskDataMissingError:
+                unit.status = UnitStatus.TASK_DATA_MISSING
+                raise
+            done.update(task.describe())
         async with unit.phase("provision", UnitStatus.PROVISION_FAILED) as done:
             handle = await provisioner.acquire(plan, unit.record)
             if token := handle.token():
@@ -209,12 +217,12 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
             report = await wait_ready(handle, provisioner.ready_timeout_s)
             done.update(server_version=report.server_version, attempts=report.attempts)
         async with handle.client() as client:
-            sandbox = TaskSandbox(handle, client, plan.task.id)
+            sandbox = task.bind(handle, client)
             async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:
-                done["inputs_staged"] = await _stage_and_set_up(plan.task, sandbox, unit.record)
+                done["inputs_staged"] = await _stage_and_set_up(task, sandbox, unit.record)
             async with unit.phase("agent", UnitStatus.AGENT_FAILED) as done:
                 started = time.monotonic()
-                result = await _run_agent(plan, ctx, handle, sandbox, unit.record)
+                result = await _run_agent(plan, ctx, handle, sandbox, unit.record, task.instruction)
                 unit.agent_s = time.monotonic() - started
                 done.update(ok=result.status == "completed", agent_status=result.status, error=result.error)
             unit.error = result.error
@@ -222,10 +230,10 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
             agent_outcome = AGENT_OUTCOME[result.status]
             fails_as = UnitStatus.EVAL_FAILED if agent_outcome is UnitStatus.SUCCEEDED else agent_outcome
             async with unit.phase("evaluate", fails_as) as done:
-                done["score"] = unit.score = await _grade(plan.task, sandbox, unit.record)
+                done["score"] = unit.score = await _grade(task, sandbox, unit.record)
             unit.status = agent_outcome
             unit.record.event(
-                "outputs_pulled", files=await download_dir(client, sandbox.output_dir, unit.record.output_dir)
+                "outputs_pulled", files=await collect_dir(sandbox, sandbox.output_dir, unit.record.output_dir)
             )
     except asyncio.CancelledError:
         unit.interrupted()
@@ -237,17 +245,15 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
     return outcome
 
 
-async def _stage_and_set_up(task: Task, sandbox: TaskSandbox, record: UnitRecord) -> int:
+async def _stage_and_set_up(task: UnitTask, sandbox: TaskSandbox, record: UnitRecord) -> int:
     """A clean task folder in the sandbox, the task's inputs in it, then the task's ``setup`` hook."""
-    client = sandbox.client
-    await client.run_command(f"rm -rf '{sandbox.task_dir}' && mkdir -p '{sandbox.input_dir}' '{sandbox.output_dir}'")
-    staged = await upload_dir(client, task.input_dir, sandbox.input_dir) if task.input_dir.is_dir() else 0
+    staged = await task.stage_inputs(sandbox)
     if task.hook("setup") is not None:
         await call_hook(task, "setup", sandbox, record)
     return staged
 
 
-async def call_hook(task: Task, name: str, sandbox: TaskSandbox, record: UnitRecord) -> Any:
+async def call_hook(task: UnitTask, name: str, sandbox: TaskSandbox, record: UnitRecord) -> Any:
     """Run a task hook within its time limit. What it prints or logs goes to the unit's ``hooks.log``;
     if it raises, its traceback goes there and into ``events.jsonl`` (``hook_error``)."""
     fn = task.hook(name)
@@ -271,7 +277,7 @@ async def call_hook(task: Task, name: str, sandbox: TaskSandbox, record: UnitRec
 
 
 async def _run_agent(
-    plan: UnitPlan, ctx: RunContext, handle: SandboxHandle, sandbox: TaskSandbox, record: UnitRecord
+    plan: UnitPlan, ctx: RunContext, handle: SandboxHandle, sandbox: TaskSandbox, record: UnitRecord, instruction: str
 ) -> AgentRunResult:
     """The deployer through its executor: install, launch (within the time limit), parse artifacts."""
     deployer_cls = load_deployer_class(plan.agent)
@@ -296,7 +302,7 @@ async def _run_agent(
     )
     deployer = deployer_cls(executor)
     timeout_s = min(plan.task.card.timeout_s or ctx.unit_timeout_s, ctx.unit_timeout_s)
-    prompt = build_prompt(plan.task.card.instruction, sandbox)
+    prompt = build_prompt(instruction, sandbox)
     started = time.monotonic()
     try:
         # The executor enforces timeout_s itself (and kills what it started); this is a backstop.
@@ -364,11 +370,10 @@ def relative_to_record(trajectory: dict[str, Any], agent_dir: str) -> dict[str, 
     return trajectory
 
 
-async def _grade(task: Task, sandbox: TaskSandbox, record: UnitRecord) -> float:
+async def _grade(task: UnitTask, sandbox: TaskSandbox, record: UnitRecord) -> float:
     """Stage the hidden reference, then run the task's ``evaluate``: a number in [0, 1], or an
     :class:`Evaluation` (the score and its details, such as partial credit per criterion)."""
-    if task.reference_dir.is_dir():
-        await upload_dir(sandbox.client, task.reference_dir, sandbox.reference_dir)
+    await task.stage_reference(sandbox)
     value = await call_hook(task, "evaluate", sandbox, record)
     details: dict[str, Any] = {}
     if isinstance(value, Evaluation):

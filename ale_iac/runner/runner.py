@@ -36,6 +36,7 @@ from ale_iac.runner.provisioners import RETAINED, PoolProvisioner, Provisioner, 
 from ale_iac.runner.records import MANIFEST, Redactor
 from ale_iac.runner.registry import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
+from ale_iac.runner.tasks import CARD_NAME
 from ale_iac.sandbox.client import ComputerServerClient
 
 RESULTS = "results.jsonl"
@@ -271,7 +272,8 @@ def run_experiment(
             try:
                 profile.route(task.card.snapshot)
             except ConfigError as exc:
-                raise ConfigError(task.folder / "task.yaml", "snapshot", exc.detail) from None
+                field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
+                raise ConfigError(task.folder / task.card_file, field, exc.detail) from None
         cleanup = spec.cleanup or profile.cleanup
         ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
 

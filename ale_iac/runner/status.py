@@ -9,6 +9,7 @@ class UnitStatus(StrEnum):
     RUNNING = "running"
     PROVISION_FAILED = "provision_failed"
     NOT_READY = "not_ready"
+    TASK_DATA_MISSING = "task_data_missing"
     SETUP_FAILED = "setup_failed"
     AGENT_FAILED = "agent_failed"
     AGENT_TIMEOUT = "agent_timeout"

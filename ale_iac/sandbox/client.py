@@ -494,6 +494,13 @@ class ComputerServerClient:
         """``mkdir -p``."""
         await self._cmd("create_dir", {"path": path})
 
+    async def delete_file(self, path: str) -> None:
+        await self._cmd("delete_file", {"path": path})
+
+    async def delete_dir(self, path: str) -> None:
+        """Remove an empty directory (the server refuses one that is not empty)."""
+        await self._cmd("delete_dir", {"path": path})
+
     # -- clipboard -------------------------------------------------------------------------------------------
 
     async def get_clipboard(self) -> str:

@@ -36,6 +36,7 @@ from tests.support.sandbox import Endpoint, run
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.engine,
+    pytest.mark.agent_clis,
     pytest.mark.xdist_group("evaluate"),
     pytest.mark.timeout(600),
 ]

@@ -36,10 +36,12 @@ from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
+from tests.executors.conftest import docker_engine, docker_image
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 pytestmark = pytest.mark.sandbox
+__all__ = ["docker_engine", "docker_image"]
 
 PIDS_LIMIT = 200
 DISK_GB = 1
@@ -85,8 +87,58 @@ class LocalUnderTest:
         return int((folder / "pids.current").read_text())
 
 
-@pytest.fixture(scope="module", params=["local"])
+@dataclass
+class DockerUnderTest:
+    """A ``docker`` unit: no host folder is kept for it (its files live in the engine's volumes)."""
+
+    state: Any
+    endpoint: Endpoint
+
+    def host_pids(self) -> list[int]:
+        from ale_iac.substrates.docker import runtime as docker_runtime
+
+        client = docker_runtime.client()
+        try:
+            top = client.api.top(self.state.container_id, ps_args="-eo pid")
+        finally:
+            client.close()
+        return [int(row[0]) for row in top["Processes"]]
+
+    def host_paths(self) -> list[Path]:
+        return []
+
+    def read_log(self, name: str) -> str:
+        raise NotImplementedError
+
+    def tasks_in_use(self) -> int:
+        return int(Path(f"/sys/fs/cgroup/pids/docker/{self.state.container_id}/pids.current").read_text())
+
+
+LOCAL_ONLY: dict[str, str] = {}
+"""Checks that do not apply to a docker unit, with the reason (what covers the wall instead)."""
+
+
+def local_only(reason: str) -> Any:
+    def mark(fn: Any) -> Any:
+        LOCAL_ONLY[fn.__name__] = reason
+        return fn
+
+    return mark
+
+
+@pytest.fixture(autouse=True)
+def skip_walls_the_substrate_lacks(request: pytest.FixtureRequest) -> None:
+    if "sut" in request.fixturenames and request.node.callspec.params.get("sut") == "docker":
+        reason = LOCAL_ONLY.get(request.node.originalname)
+        if reason:
+            pytest.skip(f"not a wall of the docker substrate: {reason}")
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
 def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
+    if request.param == "docker":
+        yield from _docker_sut(request)
+        return
     spec = LocalSandboxSpec(
         sandbox_id=new_sandbox_id("isolation"),
         rootfs=str(desktop_image.rootfs),
@@ -99,6 +151,21 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
         yield LocalUnderTest(state, Endpoint.of(state))
     finally:
         local_runtime.stop(state.sandbox_id)
+
+
+def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
+    from ale_iac.substrates.docker import runtime as docker_runtime
+
+    image = request.getfixturevalue("docker_image")
+    state = docker_runtime.start(
+        docker_runtime.DockerSandboxSpec(sandbox_id=new_sandbox_id("isolation"), image=image, pids_limit=PIDS_LIMIT)
+    )
+    try:
+        endpoint = Endpoint(state.endpoint, state.token)
+        wait_for_status(endpoint)
+        yield DockerUnderTest(state, endpoint)
+    finally:
+        docker_runtime.stop(state.sandbox_id)
 
 
 def sh(sut: SandboxUnderTest, command: str) -> dict[str, Any]:
@@ -116,6 +183,10 @@ def status_field(text: str, name: str) -> str:
 # --- who root inside is --------------------------------------------------------------------------------
 
 
+@local_only(
+    "the engine runs without userns-remap: root inside is the host's uid 0, "
+    "confined by capabilities, no-new-privileges and seccomp"
+)
 def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) -> None:
     uid_map = sh(sut, "cat /proc/self/uid_map /proc/self/gid_map")["stdout"].split()
     assert uid_map[0::3] == ["0", "0"] and uid_map[2::3] == ["65536", "65536"], uid_map
@@ -174,6 +245,7 @@ def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
     assert child["stdout"].split() == ["-1", "1"], child  # EPERM
 
 
+@local_only("the engine's default seccomp profile, not ale-iac's filter (other families, other errnos)")
 def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderTest) -> None:
     status = sh(sut, "cat /proc/self/status")["stdout"]
     assert status_field(status, "Seccomp") == "2" and status_field(status, "NoNewPrivs") == "1", status
@@ -242,6 +314,9 @@ def test_no_host_path_is_visible_inside(sut: SandboxUnderTest) -> None:
     assert ".cache/ale-iac" not in mountinfo
 
 
+@local_only(
+    "overlay2 on ext4 has no quota: the volumes and tmpfs bound what they can (tmpfs sizes), the volumes do not"
+)
 def test_the_disk_is_bounded(sut: SandboxUnderTest) -> None:
     for target in ("/root/big", "/var/log/ale/big"):
         grow = sh(sut, f"fallocate -l {DISK_GB + 1}G {target}; echo rc=$?; rm -f {target}")
@@ -249,6 +324,9 @@ def test_the_disk_is_bounded(sut: SandboxUnderTest) -> None:
         assert "No space left on device" in grow["stderr"], grow
 
 
+@local_only(
+    "the host reads unit files only through the archive API (tests/substrates/docker: links and FIFOs are never copied)"
+)
 def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: SandboxUnderTest) -> None:
     plant = sh(
         sut,
@@ -271,6 +349,10 @@ def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: S
 # --- network and endpoint ------------------------------------------------------------------------------
 
 
+@local_only(
+    "a unit has a network of its own (the published port needs one); "
+    "tests/substrates/docker checks from inside that nothing of the host or beyond is reached"
+)
 def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> None:
     links = sh(sut, "ip -o link")["stdout"].splitlines()
     assert [line.split(":")[1].strip() for line in links] == ["lo"], links
@@ -303,6 +385,7 @@ def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> No
     assert len(lines) == 5 and all(" failed " in line for line in lines), lines
 
 
+@local_only("docker units keep no gateway channel yet")
 def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> None:
     """127.0.0.1:<gateway port> inside reaches the state dir's socket on the host, and only while
     something listens there; the socket's server sees the bytes, nothing else of the host does."""
@@ -433,6 +516,7 @@ def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
     assert sh(sut, "echo alive")["stdout"] == "alive\n"
 
 
+@local_only("the engine mounts the cgroup file system read-only and shares the host's cgroup namespace on cgroup v1")
 def test_cgroups_and_cpu_placement_are_out_of_reach(sut: SandboxUnderTest) -> None:
     mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
     assert " cgroup" not in mountinfo, mountinfo  # no cgroupfs to write a limit away

@@ -1,0 +1,1 @@
+"""The ``docker`` host substrate: one container of the desktop image per unit, on the local Docker engine."""

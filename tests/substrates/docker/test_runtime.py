@@ -1,0 +1,259 @@
+"""The docker substrate's driver against the real engine: limits, the endpoint, the network walls, removal,
+the archive transport and gc after a crash. Every probe of the network runs inside the unit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ale_iac.substrates.docker import runtime
+from ale_iac.substrates.docker.runtime import DockerSandboxSpec, DockerSandboxState
+from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _start(image: str, **fields: Any) -> DockerSandboxState:
+    spec = DockerSandboxSpec(sandbox_id=new_sandbox_id("dkr"), image=image, **fields)
+    state = runtime.start(spec)
+    try:
+        wait_for_status(Endpoint(state.endpoint, state.token))
+    except BaseException:
+        runtime.stop(state.sandbox_id)
+        raise
+    return state
+
+
+@pytest.fixture(scope="module")
+def unit(docker_image: str) -> Iterator[DockerSandboxState]:
+    state = _start(
+        docker_image,
+        vcpus=1,
+        memory_gb=1.5,
+        shm_gb=0.5,
+        pids_limit=300,
+        labels={"stack": "pytest-docker", "unit": "u0", "run": "run-pytest"},
+        expires_at="2099-01-01T00:00:00Z",
+    )
+    try:
+        yield state
+    finally:
+        runtime.stop(state.sandbox_id)
+
+
+def sh(state: DockerSandboxState, command: str) -> dict[str, Any]:
+    return run(Endpoint(state.endpoint, state.token), command)
+
+
+def _host_address() -> str:
+    """A non-loopback address of this host (the one its default route leaves from)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.254", 9))  # no packet is sent for a UDP connect
+        return str(probe.getsockname()[0])
+
+
+def test_limits_labels_and_hardening_are_applied(unit: DockerSandboxState, docker_engine: None) -> None:
+    host = runtime.inspect_limits(unit.container_id)
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["Memory"] == host["MemorySwap"] == round(1.5 * 1024) * 2**20
+    assert host["ShmSize"] == 512 * 2**20 and host["PidsLimit"] == 300
+    assert host["ReadonlyRootfs"] is True and host["Privileged"] is False and not host["CapAdd"]
+    assert set(host["CapDrop"]) == set(runtime.DROPPED_CAPS)
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    # No host path is mounted: every bind is one of the unit's own volumes.
+    assert sorted(b.split(":")[0] for b in host["Binds"]) == sorted(unit.volumes)
+    assert all("/" not in b.split(":")[0] for b in host["Binds"])
+    # From inside: the cgroup limits, the read-only root, /dev/shm's size.
+    inside = sh(unit, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max; "
+                "df -B1 --output=size /dev/shm | tail -1; touch /usr/x 2>&1; "
+                "mkdir -p /media/user/data/agenthle && echo media-ok; grep CapEff /proc/1/status")  # fmt: skip
+    lines = inside["stdout"].split("\n")
+    assert lines[0] == str(round(1.5 * 1024) * 2**20) and lines[1] == "300", inside
+    assert int(lines[2]) == 512 * 2**20, inside
+    assert "Read-only file system" in lines[3], inside
+    assert lines[4] == "media-ok", inside  # ALE tasks' data root is writable
+    assert int(lines[5].split()[1], 16) == 0x404EB, inside  # the local substrate's eight capabilities
+    info = runtime.inspect(unit.sandbox_id)
+    assert info is not None and info.status == "running"
+    for key, value in {
+        "stack": "pytest-docker",
+        "unit": "u0",
+        "run": "run-pytest",
+        "expires": "2099-01-01T00:00:00Z",
+    }.items():
+        assert info.labels[f"ale-iac.{key}"] == value
+
+
+def test_the_token_is_in_no_configuration_the_engine_shows(unit: DockerSandboxState, docker_engine: None) -> None:
+    client = runtime.client()
+    try:
+        attrs = client.api.inspect_container(unit.container_id)
+    finally:
+        client.close()
+    assert unit.token not in json.dumps(attrs)
+    assert httpx.get(f"{unit.endpoint}/status", timeout=10).status_code == 401
+    assert (
+        httpx.get(f"{unit.endpoint}/status", headers={"Authorization": f"Bearer {unit.token}"}, timeout=10).status_code
+        == 200
+    )
+
+
+def test_the_endpoint_is_published_on_loopback_only(unit: DockerSandboxState, docker_engine: None) -> None:
+    bindings = runtime.inspect_limits(unit.container_id)["PortBindings"]
+    assert [b["HostIp"] for b in bindings[f"{runtime.PROXY_PORT}/tcp"]] == ["127.0.0.1"]
+    assert list(bindings) == [f"{runtime.PROXY_PORT}/tcp"]  # the computer-server's own port is not published
+    with pytest.raises(OSError):
+        socket.create_connection((_host_address(), unit.host_port), timeout=5).close()
+    socket.create_connection(("127.0.0.1", unit.host_port), timeout=5).close()
+    # Inside, the computer-server listens on loopback only; the forwarder is what the network sees.
+    listening = sh(unit, "cat /proc/net/tcp")["stdout"]
+    assert f"0100007F:{runtime.SERVER_PORT:04X}" in listening and f"00000000:{runtime.SERVER_PORT:04X}" not in listening
+
+
+def _probe(state: DockerSandboxState, targets: list[tuple[str, int, str]]) -> list[str]:
+    code = f"""
+        import socket
+        for host, port, kind in {targets!r}:
+            try:
+                if kind == "tcp":
+                    socket.create_connection((host, port), timeout=3).close()
+                elif kind == "dns":
+                    socket.getaddrinfo(host, port)
+                print(host, port, kind, "reached")
+            except OSError as exc:
+                print(host, port, kind, "failed", exc.errno)
+        """
+    reply = sh(state, "python3 -c " + shlex.quote(textwrap.dedent(code)))
+    return reply["stdout"].splitlines()
+
+
+@pytest.mark.parametrize("outbound", [False, True], ids=["no-outbound", "outbound-allowed"])
+def test_nothing_of_the_host_and_no_outbound_unless_allowed(docker_image: str, outbound: bool) -> None:
+    state = _start(docker_image, allow_outbound=outbound)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("0.0.0.0", 0))
+            server.listen(8)
+            server.setblocking(False)
+            port = server.getsockname()[1]
+            client = runtime.client()
+            try:
+                network = client.networks.get(state.network).attrs
+            finally:
+                client.close()
+            gateway = network["IPAM"]["Config"][0]["Gateway"]
+            bridge = network["Options"]["com.docker.network.bridge.name"]
+            assert bridge.startswith(runtime.OUTBOUND_BRIDGE if outbound else runtime.NO_OUTBOUND_BRIDGE)
+            assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+            host_probes = _probe(state, [(gateway, port, "tcp"), (_host_address(), port, "tcp")])
+            with pytest.raises(BlockingIOError):
+                server.accept()
+        assert len(host_probes) == 2 and all(" failed " in line for line in host_probes), host_probes
+        if not outbound:
+            # Through the host to anywhere: dropped at the host (DOCKER-USER), DNS through the engine too.
+            away = _probe(state, [("192.0.2.254", 80, "tcp"), ("deb.debian.org", 80, "dns")])
+            assert len(away) == 2 and all(" failed " in line for line in away), away
+    finally:
+        runtime.stop(state.sandbox_id)
+
+
+def _leftovers(sandbox_id: str) -> list[str]:
+    client = runtime.client()
+    label = {"label": f"{runtime.LABEL_SANDBOX}={sandbox_id}"}
+    try:
+        return (
+            [f"container {c.name}" for c in client.containers.list(all=True, filters=label)]
+            + [f"network {n.name}" for n in client.networks.list(filters=label)]
+            + [f"volume {v.name}" for v in client.volumes.list(filters=label)]
+        )
+    finally:
+        client.close()
+
+
+def test_stop_leaves_no_container_network_or_volume(docker_image: str) -> None:
+    state = runtime.start(DockerSandboxSpec(sandbox_id=new_sandbox_id("dkr-stop"), image=docker_image))
+    assert len(_leftovers(state.sandbox_id)) == 1 + 1 + len(runtime.VOLUMES)
+    assert runtime.stop(state.sandbox_id) is True
+    assert _leftovers(state.sandbox_id) == []
+    assert runtime.inspect(state.sandbox_id) is None
+    assert runtime.stop(state.sandbox_id) is False  # idempotent
+
+
+def test_the_archive_transport_round_trips_a_folder(unit: DockerSandboxState, tmp_path: Path) -> None:
+    source = tmp_path / "in"
+    (source / "sub" / "deeper").mkdir(parents=True)
+    files = {"a.txt": b"alpha\n", "sub/b.bin": os.urandom(3 * 2**20 + 7), "sub/deeper/c": b"", "run.sh": b"#!/bin/sh\n"}
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    (source / "run.sh").chmod(0o755)
+    remote = "/data/tasks/t-archive/input"
+    assert runtime.copy_in(unit.container_id, source, remote) == len(files)
+    listing = sh(unit, f"cd {remote} && find . -type f -printf '%P %m %u\\n' | sort && sha256sum sub/b.bin")
+    assert listing["stdout"].splitlines()[:4] == [
+        "a.txt 644 root",
+        "run.sh 755 root",
+        "sub/b.bin 644 root",
+        "sub/deeper/c 644 root",
+    ]
+    assert listing["stdout"].splitlines()[4].split()[0] == hashlib.sha256(files["sub/b.bin"]).hexdigest()
+    # Back out: regular files only; a link the unit planted is neither followed nor copied.
+    assert sh(unit, f"ln -s /etc/shadow {remote}/link && mkfifo {remote}/fifo")["return_code"] == 0
+    back = tmp_path / "out"
+    assert runtime.copy_out(unit.container_id, remote, back) == len(files)
+    assert {p.relative_to(back).as_posix(): p.read_bytes() for p in back.rglob("*") if p.is_file()} == files
+    assert not (back / "link").exists() and not (back / "fifo").exists()
+    assert runtime.copy_out(unit.container_id, "/data/tasks/none", tmp_path / "none") == 0
+    with pytest.raises(runtime.DockerSubstrateError, match="no volume"):
+        runtime.copy_in(unit.container_id, source, "/etc/x")
+
+
+_CRASH = """
+import os, signal, sys
+from ale_iac.substrates.docker import runtime
+spec = runtime.DockerSandboxSpec(sandbox_id=sys.argv[1], image=sys.argv[2], labels={"stack": "run-gone-000000"})
+state = runtime.start(spec)
+print(state.container_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_gc_removes_a_unit_whose_creator_was_killed(docker_image: str) -> None:
+    crashed = new_sandbox_id("dkr-crash")
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASH, crashed, docker_image], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    # And one killed half-way: a network and volumes, no container yet.
+    client = runtime.client()
+    half = new_sandbox_id("dkr-half")
+    labels = {runtime.LABEL_KIND: runtime.KIND, runtime.LABEL_SANDBOX: half, runtime.LABEL_HOME: runtime.home_id()}
+    try:
+        client.volumes.create(f"ale-iac-{half}-data", labels=labels)
+    finally:
+        client.close()
+    assert _leftovers(crashed) and _leftovers(half)
+    listed = subprocess.run(
+        [sys.executable, "-m", "ale_iac", "gc", "--dry-run"], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert listed.returncode == 0 and crashed in listed.stdout and half in listed.stdout, listed.stdout + listed.stderr
+    assert _leftovers(crashed)
+    swept = subprocess.run(
+        [sys.executable, "-m", "ale_iac", "gc"], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert _leftovers(crashed) == [] and _leftovers(half) == []
