@@ -13,13 +13,9 @@ adapters), ``loop`` (turns, limits, back-off), ``transcript`` (the log to ATIF).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import uuid
-from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +30,7 @@ from ale_iac.agent import (
     ModelApi,
     ToolCatalog,
     Trajectory,
+    sibling_module,
 )
 from ale_iac.errors import ConfigError, format_validation_error
 
@@ -61,26 +58,12 @@ NEEDED_TOOLS: dict[BridgeKind, tuple[str, ...]] = {
 }
 
 
-def _sibling(name: str) -> ModuleType:
-    """A module next to this file (agents/ is not a package: the runner loads deployers by path)."""
-    package = __name__.rpartition(".")[0] or "ale_agents.ale_claw"
-    module_name = f"{package}.{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {name}.py next to {__file__}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
-
-
-bridges = _sibling("bridges")
-tools = _sibling("tools")
-context = _sibling("context")
-models = _sibling("models")
-loop = _sibling("loop")
-transcript = _sibling("transcript")
+bridges = sibling_module(__file__, "bridges")
+tools = sibling_module(__file__, "tools")
+context = sibling_module(__file__, "context")
+models = sibling_module(__file__, "models")
+loop = sibling_module(__file__, "loop")
+transcript = sibling_module(__file__, "transcript")
 
 
 class HarnessSettings(BaseModel):

@@ -25,13 +25,10 @@ The preset's ``settings`` (all optional)::
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 import uuid
-from pathlib import Path, PurePosixPath
-from types import ModuleType
+from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,6 +42,7 @@ from ale_iac.agent import (
     ModelApi,
     ToolCatalog,
     Trajectory,
+    sibling_module,
 )
 from ale_iac.errors import AleIacError, ConfigError, format_validation_error
 
@@ -57,21 +55,7 @@ PROMPT_FILE = f"{STATE}/prompt.txt"
 SCREENSHOT_DIR = "screenshots"
 
 
-def _sibling(name: str) -> ModuleType:
-    """A module next to this file (agents/ is not a package: the runner loads deployers by path)."""
-    package = __name__.rpartition(".")[0] or "ale_agents.claude_code"
-    module_name = f"{package}.{name}"
-    if module_name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {name}.py next to {__file__}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
-
-
-transcript = _sibling("transcript")
+transcript = sibling_module(__file__, "transcript")
 
 
 class ClaudeCodeSettings(BaseModel):

@@ -16,7 +16,7 @@ from ale_iac.agent.config import (
     TaskPaths,
     ToolCatalog,
 )
-from ale_iac.agent.deployer import BaseAgentDeployer, load_deployer_class
+from ale_iac.agent.deployer import BaseAgentDeployer, load_deployer_class, sibling_module
 from ale_iac.agent.executor import (
     BaseExecutor,
     BridgeLaunch,
@@ -51,4 +51,5 @@ __all__ = [
     "available_executors",
     "load_deployer_class",
     "make_executor",
+    "sibling_module",
 ]

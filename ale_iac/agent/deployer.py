@@ -11,10 +11,12 @@ A deployer is plain Python that does all its I/O through the executor it is hand
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
+from types import ModuleType
 from typing import ClassVar
 
 from ale_iac.agent.config import AgentConfig, AgentRunResult, ModelApi, ToolCatalog
@@ -93,3 +95,27 @@ def load_deployer_class(config: AgentConfig) -> type[BaseAgentDeployer]:
     if not (isinstance(cls, type) and issubclass(cls, BaseAgentDeployer)):
         raise ConfigError(source, "deployer", f"{config.deployer} is not a BaseAgentDeployer subclass")
     return cls
+
+
+def sibling_module(anchor: str, name: str) -> ModuleType:
+    """The module ``name.py`` next to the deployer file ``anchor`` (pass ``__file__``), imported once.
+
+    ``agents/`` is not a package and the runner loads a deployer by its path (also inside a sandbox or a
+    container), so a deployer split into several files imports its siblings with this rather than with
+    ``import``. The module is registered under a name of its folder's path (two copies of an agent
+    folder never share a module)."""
+    path = Path(anchor).resolve().with_name(f"{name}.py")
+    folder = hashlib.sha256(str(path.parent).encode()).hexdigest()[:10]
+    module_name = f"ale_agents.siblings_{folder}.{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    return sys.modules[module_name]

@@ -59,11 +59,12 @@ from urllib.parse import urlsplit
 
 from ale_iac import images, procs
 from ale_iac.agent.config import AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ModelAccess, ProcessResult, Runnable
+from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, UnitOutputs
 from ale_iac.errors import AleIacError
 from ale_iac.executors.bundle import ensure_bundle
 from ale_iac.executors.entry import DONE_FILE, MODEL_TOKEN_SECRET, RESULT_FILE, SPEC_FILE, build_spec
+from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.paths import home_id
 from ale_iac.substrates.relay import serve_relay
 
@@ -175,7 +176,7 @@ class _Run:
     log_text: str | None = None
 
 
-class DockerExecutor(BaseExecutor):
+class DockerExecutor(HostWorkDir):
     """Host side of the ``docker`` executor: ``run_deployer`` runs the deployer in a container; the
     file methods act on the work dir (the container's ``/work``), for ``parse_artifacts``; ``bridge``,
     ``model_access`` and ``cli`` say what the deployer sees inside."""
@@ -452,30 +453,6 @@ class DockerExecutor(BaseExecutor):
         timeout_s: float | None = None,
     ) -> ProcessResult:
         raise AleIacError("the docker executor runs processes only inside the agent's container (through run_deployer)")
-
-    def _path(self, relpath: str) -> Path:
-        path = (self.work_dir / relpath).resolve()
-        if not path.is_relative_to(self.work_dir.resolve()):
-            raise ValueError(f"{relpath!r} leaves the work dir")
-        return path
-
-    def write_text(self, relpath: str, text: str) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.redact(text))
-        return str(path)
-
-    def write_bytes(self, relpath: str, data: bytes) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return str(path)
-
-    def read_text(self, relpath: str) -> str:
-        return self._path(relpath).read_text()
-
-    def exists(self, relpath: str) -> bool:
-        return self._path(relpath).exists()
 
 
 def _wait(container_id: str, timeout_s: float) -> int:

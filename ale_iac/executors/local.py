@@ -14,20 +14,15 @@ from typing import ClassVar
 
 from ale_iac import procs
 from ale_iac.agent.config import AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ProcessResult, Runnable, ale_iac_command
+from ale_iac.agent.executor import BridgeLaunch, ProcessResult, Runnable, ale_iac_command
 from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
 from ale_iac.contract import ENDPOINT_TOKEN_FILE_ENV as TOKEN_FILE_ENV
+from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.files import PrivateDir
 
 
-class LocalExecutor(BaseExecutor):
+class LocalExecutor(HostWorkDir):
     kind: ClassVar[str] = "local"
-
-    def _path(self, relpath: str) -> Path:
-        path = (self.work_dir / relpath).resolve()
-        if not path.is_relative_to(self.work_dir.resolve()):
-            raise ValueError(f"{relpath!r} leaves the work dir")
-        return path
 
     async def run(
         self,
@@ -106,24 +101,6 @@ class LocalExecutor(BaseExecutor):
             return await super().run_deployer(deployer, prompt, timeout_s)
         finally:
             self.private.remove()
-
-    def write_text(self, relpath: str, text: str) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.redact(text))
-        return str(path)
-
-    def write_bytes(self, relpath: str, data: bytes) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return str(path)
-
-    def read_text(self, relpath: str) -> str:
-        return self._path(relpath).read_text()
-
-    def exists(self, relpath: str) -> bool:
-        return self._path(relpath).exists()
 
 
 def _kill_group(pid: int) -> None:

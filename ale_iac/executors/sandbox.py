@@ -37,10 +37,11 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from ale_iac.agent.config import AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BaseExecutor, BridgeLaunch, ModelAccess, ProcessResult, Runnable
+from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
+from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.task import shell_quote
 
@@ -55,7 +56,7 @@ SYNC_EVERY_S = 5.0
 UPLOAD_BLOCK = 32 * 1024 * 1024
 
 
-class SandboxExecutor(BaseExecutor):
+class SandboxExecutor(HostWorkDir):
     kind: ClassVar[str] = "sandbox"
     native_shell: ClassVar[bool] = True
 
@@ -288,30 +289,6 @@ class SandboxExecutor(BaseExecutor):
             duration_s=time.monotonic() - start,
             log_path=str(self.work_dir / log_name),
         )
-
-    def _path(self, relpath: str) -> Path:
-        path = (self.work_dir / relpath).resolve()
-        if not path.is_relative_to(self.work_dir.resolve()):
-            raise ValueError(f"{relpath!r} leaves the work dir")
-        return path
-
-    def write_text(self, relpath: str, text: str) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.redact(text))
-        return str(path)
-
-    def write_bytes(self, relpath: str, data: bytes) -> str:
-        path = self._path(relpath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return str(path)
-
-    def read_text(self, relpath: str) -> str:
-        return self._path(relpath).read_text(errors="replace")
-
-    def exists(self, relpath: str) -> bool:
-        return self._path(relpath).exists()
 
 
 async def _check(client: ComputerServerClient, command: str) -> None:
