@@ -9,13 +9,12 @@ What it adds to ``pulumi.automation``:
 * ``PULUMI_PYTHON_CMD`` set to this interpreter, so dynamic providers can import ``ale_iac``;
 * engine output streamed to ``<home>/logs/stacks/<stack>.log``;
 * typed errors with the engine's own message;
-* blocking calls that are safe from many threads at once, plus ``*_async`` twins that run them in a
-  worker thread so the asyncio loop never blocks.
+* blocking calls that are safe from many threads at once (async callers run them in a worker thread,
+  ``ale_iac.runner.provisioners.blocking``, so the asyncio loop never blocks).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pulumi import automation as auto
+from pydantic import SecretStr
 
 from ale_iac import procs
 from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
@@ -269,7 +269,7 @@ class Engine:
         outputs = self.outputs(name)
         if UNITS_OUTPUT not in outputs:
             raise AleIacError(f"stack '{name}' exports no '{UNITS_OUTPUT}' output; is it an ale-iac stack?")
-        return parse_units(outputs[UNITS_OUTPUT])
+        return {name: live_outputs(unit) for name, unit in parse_units(outputs[UNITS_OUTPUT]).items()}
 
     def cancel(self, name: str) -> None:
         """Release a stale lock (``pulumi cancel``); the file backend just deletes the lock file."""
@@ -321,11 +321,6 @@ class Engine:
                 pids.append(0)
         return pids
 
-    # -- async twins ---------------------------------------------------------------------------
-
-    async def units_async(self, name: str) -> dict[str, UnitOutputs]:
-        return await asyncio.to_thread(self.units, name)
-
 
 def sweep_orphan_providers() -> list[int]:
     """Kill dynamic-provider plugin processes whose Pulumi CLI is gone.
@@ -347,6 +342,28 @@ def sweep_orphan_providers() -> list[int]:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
             killed.append(pid)
     return killed
+
+
+def live_outputs(unit: UnitOutputs) -> UnitOutputs:
+    """A unit's handle with the endpoint and token its sandbox has now.
+
+    A ``local`` pool unit is reset between leases (``ale_iac.substrates.local.runtime.reset``): a fresh
+    sandbox under the same id, so the same Pulumi resource, but a new endpoint port and token, which
+    the stack's outputs (written at creation) do not know. Other kinds, and a sandbox that is gone,
+    keep the stack's values.
+    """
+    if unit.provider != "local" or not unit.managed:
+        return unit
+    from ale_iac.substrates.local import runtime as local_runtime
+
+    try:
+        state = local_runtime.load_state(unit.resource_id)
+        if state is None:
+            return unit
+        token = local_runtime.auth_token(state)
+    except (OSError, ValueError, AleIacError):
+        return unit
+    return unit.model_copy(update={"endpoint": state.endpoint, "endpoint_token": SecretStr(token)})
 
 
 def _empty_program() -> None:

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, SandboxPaths, Shape
@@ -140,12 +140,46 @@ class Profile(StrictModel):
         return name, self.snapshots[name]
 
 
-class PoolSpec(StrictModel):
-    """A persistent pool stack: N units of one snapshot, brought up with ``pulumi up``."""
+_POOL_SNAPSHOT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 
-    units: int = Field(ge=1, le=1000)
+
+class PoolSpec(StrictModel):
+    """A persistent pool stack brought up with ``pulumi up``: N units of one snapshot, or N per snapshot.
+
+    ``units: 2`` makes ``u0``, ``u1`` of ``snapshot`` (the profile's default when none);
+    ``units: {ubuntu: 2, win: 1}`` makes ``ubuntu-0``, ``ubuntu-1``, ``win-0``. A task leases a unit
+    of the snapshot it names.
+    """
+
+    units: int | dict[str, int] = Field(description="A count, or a count per snapshot (each 1 to 1000).")
     snapshot: str | None = None
     shape: Shape = Field(default_factory=Shape)
+
+    @field_validator("units")
+    @classmethod
+    def _counts(cls, units: int | dict[str, int]) -> int | dict[str, int]:
+        for count in units.values() if isinstance(units, dict) else [units]:
+            if not 1 <= count <= 1000:
+                raise ValueError(f"a count of units should be greater than or equal to 1 and at most 1000, not {count}")
+        return units
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolSpec:
+        if isinstance(self.units, dict):
+            if not self.units:
+                raise ValueError("units per snapshot: name at least one snapshot")
+            if self.snapshot is not None:
+                raise ValueError("give either 'snapshot' with a count of units, or a count per snapshot")
+            bad = [name for name in self.units if not _POOL_SNAPSHOT_RE.match(name)]
+            if bad:
+                raise ValueError(f"snapshot {bad[0]!r} cannot name pool units: use letters, digits, '_', '.', '-'")
+        return self
+
+    def members(self) -> list[tuple[str, str | None]]:
+        """(unit name, snapshot) of every unit; the names are stable, so ``pulumi up`` diffs stay small."""
+        if isinstance(self.units, int):
+            return [(f"u{i}", self.snapshot) for i in range(self.units)]
+        return [(f"{snapshot}-{i}", snapshot) for snapshot, count in self.units.items() for i in range(count)]
 
 
 class LoadedProfile(StrictModel):
@@ -162,11 +196,12 @@ def parse_profile(data: Any, source: str | Path, pool_data: Any = None) -> Loade
     pool = None
     if pool_data is not None:
         pool = validate(PoolSpec, pool_data, source, POOL_KEY)
-        if pool.snapshot is not None:
+        field = f"{POOL_KEY}.units" if isinstance(pool.units, dict) else f"{POOL_KEY}.snapshot"
+        for snapshot in {s for _, s in pool.members() if s is not None}:
             try:
-                profile.route(pool.snapshot)
+                profile.route(snapshot)
             except ConfigError as exc:
-                raise ConfigError(source, f"{POOL_KEY}.snapshot", exc.detail) from None
+                raise ConfigError(source, field, exc.detail) from None
     return LoadedProfile(profile=profile, source=str(source), pool=pool)
 
 

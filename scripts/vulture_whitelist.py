@@ -60,7 +60,6 @@ _.do_GET  # unused method (tests/substrates/test_authproxy.py:58)
 _.do_POST  # unused method (tests/substrates/test_authproxy.py:61)
 _.log_message  # unused method (tests/substrates/test_authproxy.py:64)
 fresh_records  # unused function (tests/substrates/test_authproxy.py:102)
-skip_walls_the_substrate_lacks  # unused function (tests/substrates/test_isolation.py:129): an autouse pytest fixture
 pytestmark  # unused variable (tests/substrates/test_isolation.py:41)
 CrashAgent  # unused class (tests/support/agents.py:30)
 SleepyAgent  # unused class (tests/support/agents.py:38)

@@ -19,9 +19,9 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here, not at module top, so each area's heavy imports stay in its own commands.
-    from ale_iac.cli import doctor, evaluate, images, mcp, models, plan, report, sandbox
+    from ale_iac.cli import doctor, env, evaluate, images, mcp, models, plan, report, sandbox
 
-    for area in (doctor, images, sandbox, evaluate, report, mcp, models, plan):
+    for area in (doctor, env, images, sandbox, evaluate, report, mcp, models, plan):
         area.register(app)
 
 

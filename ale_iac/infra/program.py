@@ -20,10 +20,10 @@ def inline_program(profile: Profile, units: Sequence[UnitSpec], stack: str) -> C
 
 
 def pool_units(pool: PoolSpec, stack: str) -> list[UnitSpec]:
-    """Units ``u0 .. u<N-1>`` of a pool stack (stable names, so ``pulumi up`` diffs stay small)."""
+    """The units of a pool stack (:meth:`PoolSpec.members`: stable names, so ``pulumi up`` diffs stay small)."""
     return [
-        UnitSpec(name=f"u{i}", snapshot=pool.snapshot, shape=pool.shape, labels={"pool": stack})
-        for i in range(pool.units)
+        UnitSpec(name=name, snapshot=snapshot, shape=pool.shape, labels={"pool": stack})
+        for name, snapshot in pool.members()
     ]
 
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ale_iac.contract import UnitSpec
-from ale_iac.engine import Engine
-from ale_iac.errors import one_line
-from ale_iac.profile import CleanupMode, Profile
+from ale_iac.contract import UnitOutputs, UnitSpec
+from ale_iac.engine import Engine, live_outputs
+from ale_iac.errors import AleIacError, one_line
+from ale_iac.paths import ale_home
+from ale_iac.profile import CleanupMode, Profile, StaticRoute
 from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
 from ale_iac.runner import leases
 from ale_iac.runner.experiment import UnitPlan
@@ -26,6 +29,8 @@ from ale_iac.runner.records import UnitRecord
 from ale_iac.runner.registry import RunRegistry
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.sandbox.readiness import wait_ready
+from ale_iac.substrates.local import runtime as local_runtime
 
 T = TypeVar("T")
 POOL_READY_TIMEOUT_S = 120.0
@@ -120,25 +125,136 @@ class StackProvisioner:
         return "destroyed" if existed else "no stack was created"
 
 
+def _reset_local(unit: UnitOutputs) -> UnitOutputs:
+    local_runtime.reset(unit.resource_id)
+    return live_outputs(unit)
+
+
+UNIT_RESETS: dict[str, Callable[[UnitOutputs], UnitOutputs]] = {"local": _reset_local}
+"""How a pool unit of each provider kind gets back to its image's clean state between leases (returns
+its handle then). ``local``: a fresh sandbox under the same id (new endpoint port and token). Kinds not
+listed are leased as they are: ``static`` by design (ale-iac does not own those endpoints), the cloud
+and ``docker`` kinds for now (recreating their instances is not implemented)."""
+
+
+def dirty_marker(stack: str, unit: str) -> Path:
+    """Exists while a lease of the unit may have changed it and no reset has followed (beside its lock)."""
+    return ale_home() / "leases" / stack / f"{unit}.dirty"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool stack's units, read from its outputs once per run."""
+
+    stack: str
+    """The pool stack (for a static profile, the name its leases go by: ``static-<profile>``)."""
+    units: dict[str, UnitOutputs]
+    default_snapshot: str | None = None
+    """Served to a task that names no snapshot (else the pool must serve one snapshot only)."""
+    ready_timeout_s: float = POOL_READY_TIMEOUT_S
+
+    @classmethod
+    def read(cls, engine: Engine, stack: str) -> Pool:
+        units = engine.units(stack)
+        if not units:
+            raise AleIacError(f"pool stack '{stack}' exports no units")
+        return cls(stack, units)
+
+    def units_for(self, snapshot: str | None) -> list[str]:
+        """The units serving a task of ``snapshot``; a task naming none needs a pool of one snapshot."""
+        served = sorted({unit.snapshot for unit in self.units.values()})
+        snapshot = snapshot or self.default_snapshot
+        if snapshot is None:
+            if len(served) > 1:
+                raise AleIacError(
+                    f"the task names no snapshot and pool '{self.stack}' serves several ({', '.join(served)})"
+                )
+            return sorted(self.units)
+        names = sorted(name for name, unit in self.units.items() if unit.snapshot == snapshot)
+        if not names:
+            raise AleIacError(
+                f"pool '{self.stack}' has no unit of snapshot {snapshot!r} (it serves {', '.join(served)})"
+            )
+        return names
+
+
+def static_pool(profile: Profile) -> Pool | None:
+    """A profile whose routes are all ``static`` as a pool without a stack: one unit per endpoint, so a
+    run uses every endpoint, at most one unit on each at a time (None for any other profile)."""
+    routes = profile.snapshots
+    if not all(isinstance(route, StaticRoute) for route in routes.values()):
+        return None
+    default = profile.default_snapshot or (next(iter(routes)) if len(routes) == 1 else None)
+    stack = f"static-{profile.name}"
+    units: dict[str, UnitOutputs] = {}
+    for snapshot, route in routes.items():
+        assert isinstance(route, StaticRoute)
+        for i, endpoint in enumerate(route.endpoints):
+            name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', snapshot)}-{i}"
+            units[name] = UnitOutputs(
+                unit=name,
+                provider="static",
+                endpoint=endpoint.rstrip("/"),
+                os=route.os,
+                snapshot=snapshot,
+                image=route.image,
+                resource_id=endpoint.rstrip("/"),
+                paths=route.paths,
+                labels={"profile": profile.name, "unit": name},
+                managed=False,
+            )
+    return Pool(stack, units, default_snapshot=default, ready_timeout_s=profile.ready_timeout_s)
+
+
 @dataclass
 class PoolProvisioner:
-    """A unit leased from a pool stack (``pulumi up`` made it); released, never destroyed."""
+    """A unit of the task's snapshot leased from a pool stack (``pulumi up`` made it); reset and released,
+    never destroyed.
 
-    engine: Engine
-    pool: str
+    A unit is reset before its lease is released, so the next lease gets it clean. A lease whose holder
+    died before that (the kernel drops the lock, the dirty marker stays) resets the unit first.
+    """
+
+    pool: Pool
     lease_timeout_s: float
-    ready_timeout_s: float = POOL_READY_TIMEOUT_S
     stack: str | None = None
     lease: leases.Lease | None = None
+    unit: UnitOutputs | None = None
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.pool.ready_timeout_s
 
     async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
-        units = await self.engine.units_async(self.pool)
-        self.lease = await leases.lease(self.pool, units, self.lease_timeout_s)
-        record.event("leased", stack=self.pool, unit=self.lease.unit)
-        return SandboxHandle.from_outputs(self.pool, units[self.lease.unit])
+        stack = self.pool.stack
+        self.lease = await leases.lease(stack, self.pool.units_for(plan.task.card.snapshot), self.lease_timeout_s)
+        self.unit = self.pool.units[self.lease.unit]
+        marker = dirty_marker(stack, self.lease.unit)
+        if marker.exists() and self.unit.provider in UNIT_RESETS:
+            self.unit = await blocking(UNIT_RESETS[self.unit.provider], self.unit)
+            record.event("reset", stack=stack, unit=self.lease.unit, reason="the previous lease ended unreset")
+        else:
+            self.unit = live_outputs(self.unit)  # a reset since the run read the outputs moved its endpoint
+        marker.touch()
+        record.event("leased", stack=stack, unit=self.lease.unit)
+        return SandboxHandle.from_outputs(stack, self.unit)
 
     async def release(self, status: UnitStatus, score: float | None = None) -> str:
         if self.lease is None:
             return NOTHING_TO_CLEAN
-        self.lease.release()
-        return "lease released"
+        marker = dirty_marker(self.pool.stack, self.lease.unit)
+        try:
+            reset = UNIT_RESETS.get(self.unit.provider) if self.unit is not None else None
+            if reset is None or self.unit is None:
+                marker.unlink(missing_ok=True)
+                return "lease released (unit not reset)"
+            try:
+                fresh = await blocking(reset, self.unit)
+                # Ready before the lease is free: the next lease gets a unit it can use at once.
+                await wait_ready(SandboxHandle.from_outputs(self.pool.stack, fresh), self.ready_timeout_s)
+            except Exception as exc:
+                return f"lease released; reset failed: {one_line(exc)} (the next lease retries it)"
+            marker.unlink(missing_ok=True)
+            return "unit reset, lease released"
+        finally:
+            self.lease.release()

@@ -32,7 +32,7 @@ from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
 from ale_iac.runner.progress import Progress
-from ale_iac.runner.provisioners import RETAINED, PoolProvisioner, Provisioner, StackProvisioner
+from ale_iac.runner.provisioners import RETAINED, Pool, PoolProvisioner, Provisioner, StackProvisioner, static_pool
 from ale_iac.runner.records import MANIFEST, Redactor
 from ale_iac.runner.registry import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
@@ -231,7 +231,7 @@ async def _run_all(
 
 def _provisioners(
     engine: Engine,
-    pool: str | None,
+    pool: Pool | None,
     profile: Profile | None,
     run_id: str,
     cleanup: CleanupMode,
@@ -239,9 +239,10 @@ def _provisioners(
     unit_timeout_s: float,
     retain_below: float | None = None,
 ) -> Callable[[], Provisioner]:
-    """Where each unit's sandbox comes from: a lease of ``pool``, or an ephemeral stack of ``profile``."""
+    """Where each unit's sandbox comes from: a lease of ``pool`` (a pool stack's, or a static profile's),
+    or an ephemeral stack of ``profile``."""
     if pool is not None:
-        return lambda: PoolProvisioner(engine, pool, lease_timeout_s=unit_timeout_s)
+        return lambda: PoolProvisioner(pool, lease_timeout_s=unit_timeout_s)
     if profile is None:
         raise AleIacError("an experiment needs a profile or a pool")
     return lambda: StackProvisioner(engine, profile, run_id, cleanup, registry, retain_below)
@@ -263,7 +264,15 @@ def run_experiment(
 
     engine = Engine()
     profile: Profile | None = None
+    pool: Pool | None = None
     if spec.pool:
+        pool = Pool.read(engine, spec.pool)  # once per run, not per unit
+        for task in experiment.tasks:
+            try:
+                pool.units_for(task.card.snapshot)
+            except AleIacError as exc:
+                field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
+                raise ConfigError(task.folder / task.card_file, field, str(exc)) from None
         cleanup = spec.cleanup or CleanupMode.DESTROY
     else:
         loaded = resolve_profile(spec.profile or "local")
@@ -275,6 +284,7 @@ def run_experiment(
                 field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
                 raise ConfigError(task.folder / task.card_file, field, exc.detail) from None
         cleanup = spec.cleanup or profile.cleanup
+        pool = static_pool(profile)  # its endpoints are leased like a pool's units
         ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
 
     fingerprint = experiment.fingerprint()
@@ -320,7 +330,7 @@ def run_experiment(
     registry = RunRegistry(run_id, run_dir, keep_retained=resume)
     progress = Progress(plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {run_id}")
     provisioner = _provisioners(
-        engine, spec.pool, profile, run_id, cleanup, registry, spec.unit_timeout_s, spec.retain_below
+        engine, pool, profile, run_id, cleanup, registry, spec.unit_timeout_s, spec.retain_below
     )
     ctx = RunContext(
         run_id=run_id,

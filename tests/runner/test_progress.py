@@ -250,7 +250,8 @@ def test_evaluate_shows_the_live_display_on_a_terminal_and_lines_in_a_file(tmp_p
     assert ESC not in file_text
     lines = file_text.splitlines()
     phases = [line for line in lines if line.startswith(f"[{unit}] ")]
-    assert phases[:6] == [f"[{unit}] {p}" for p in ("provision", "ready", "setup", "agent", "evaluate", "done")]
+    expected = ("load", "provision", "ready", "setup", "agent", "evaluate", "done")
+    assert phases[:7] == [f"[{unit}] {p}" for p in expected]
     assert f"[{unit}] succeeded score=1.00 cleanup=destroyed" in lines
     assert any(
         re.fullmatch(r"progress: 1/1 done \(0 failed\), 0 running, 0 queued; mean score 1\.00; .*", x) for x in lines

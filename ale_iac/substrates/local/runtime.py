@@ -650,6 +650,22 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
     return True
 
 
+def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -> LocalSandboxState:
+    """Replace a sandbox by a fresh one of the same spec under the same id (a pool unit between leases).
+
+    Nothing of the old one survives: ``stop`` deletes its processes, disk and state dir, and ``start``
+    makes all of them anew, with a new endpoint port and a new token (read them from the returned
+    state). The id, and so the state dir and the Pulumi resource that owns it, stay the same.
+    """
+    folder = state_dir_of(sandbox_id, home)
+    try:
+        spec = LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text()))
+    except FileNotFoundError:
+        raise SandboxError(f"sandbox {sandbox_id} does not exist ({folder}): nothing to reset") from None
+    stop(sandbox_id, home=home)
+    return start(spec, home=home, timeout=timeout)
+
+
 def _remove_tree(folder: Path) -> None:
     """``rmtree`` that tolerates a concurrent ``stop`` of the same sandbox (gc racing a destroy)."""
 

@@ -1,0 +1,82 @@
+"""Pool leases: lease-to-ready of a reset unit waiting in a pool, and what the reset between leases costs.
+
+Brings up a pool stack of local units (as ``pulumi up`` on ``stacks/Pulumi.local.yaml`` does, inline),
+reads its outputs once (as a run does), then repeats: lease a unit and wait until its computer-server
+answers (timed: lease-to-ready, target < 0.3 s), release it (timed apart: the reset to a fresh sandbox
+and its readiness, which happen before the lease is free). Destroys the pool at the end.
+
+    .venv/bin/python bench/bench_pool.py [--units 1] [--leases 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ale_iac.engine import Engine
+from ale_iac.infra.program import inline_program, pool_units
+from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.runner.provisioners import Pool, PoolProvisioner
+from ale_iac.runner.status import UnitStatus
+from ale_iac.sandbox.readiness import wait_ready
+
+STACK = "bench-pool"
+
+
+class _Record:
+    def event(self, name: str, **fields: Any) -> None:
+        del name, fields
+
+
+async def _cycles(pool: Pool, leases: int) -> tuple[list[float], list[float]]:
+    plan: Any = SimpleNamespace(task=SimpleNamespace(card=SimpleNamespace(snapshot=None)))
+    ready: list[float] = []
+    resets: list[float] = []
+    for _ in range(leases):
+        provisioner = PoolProvisioner(pool, lease_timeout_s=60)
+        start = time.perf_counter()
+        handle = await provisioner.acquire(plan, _Record())
+        await wait_ready(handle, provisioner.ready_timeout_s)
+        ready.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        outcome = await provisioner.release(UnitStatus.SUCCEEDED, 1.0)
+        resets.append(time.perf_counter() - start)
+        if outcome != "unit reset, lease released":
+            raise SystemExit(f"release: {outcome}")
+    return ready, resets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--units", type=int, default=1)
+    parser.add_argument("--leases", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
+        engine = Engine()
+        profile = resolve_profile("local").profile
+        engine.up(STACK, inline_program(profile, pool_units(PoolSpec(units=args.units), STACK), STACK))
+        try:
+            start = time.perf_counter()
+            pool = Pool.read(engine, STACK)
+            read_s = time.perf_counter() - start
+            # The first lease of a fresh pool: its sandbox may still be booting; not counted.
+            asyncio.run(_cycles(pool, 1))
+            ready, resets = asyncio.run(_cycles(pool, args.leases))
+        finally:
+            engine.destroy(STACK)
+    print(f"pool of {args.units} local unit(s), {args.leases} leases of a reset unit waiting in the pool")
+    print(f"outputs read once per run: {read_s:.2f} s")
+    print(f"lease-to-ready s: median {statistics.median(ready):.3f}, max {max(ready):.3f} (target < 0.3)")
+    print(f"release (reset + ready) s: median {statistics.median(resets):.2f}, max {max(resets):.2f}")
+
+
+if __name__ == "__main__":
+    main()
