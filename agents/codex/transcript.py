@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ale_iac.agent import AgentInfo, Step, Trajectory, TrajectoryBuilder
+from ale_iac.agent import AgentInfo, Step, Trajectory, TrajectoryBuilder, json_lines
 
 TAIL_LINES = 12
 NO_RESULT = "(no result: the run ended before the tool returned)"
@@ -44,20 +44,7 @@ class Transcript:
 
 
 def read_transcript(text: str) -> Transcript:
-    events: list[dict[str, Any]] = []
-    other: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("{"):
-            try:
-                event = json.loads(stripped)
-            except json.JSONDecodeError:
-                event = None
-            if isinstance(event, dict) and isinstance(event.get("type"), str):
-                events.append(event)
-                continue
-        other.append(line)
-    return Transcript(events, other)
+    return Transcript(*json_lines(text))
 
 
 def _failure(event: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from ale_iac.agent.executor import (
     ProcessResult,
 )
 from ale_iac.agent.registry import available_executors, make_executor
-from ale_iac.agent.trajectory import AgentInfo, Step, Trajectory, TrajectoryBuilder
+from ale_iac.agent.trajectory import AgentInfo, Step, Trajectory, TrajectoryBuilder, json_lines
 
 __all__ = [
     "AgentConfig",
@@ -49,6 +49,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryBuilder",
     "available_executors",
+    "json_lines",
     "load_deployer_class",
     "make_executor",
     "sibling_module",

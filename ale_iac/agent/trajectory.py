@@ -10,6 +10,7 @@ are written as files next to the trajectory and referenced from the observation'
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -151,3 +152,22 @@ class TrajectoryBuilder:
             final_metrics=metrics,
             extra=extra,
         )
+
+
+def json_lines(text: str, kind_key: str = "type") -> tuple[list[dict[str, Any]], list[str]]:
+    """A CLI's JSON-lines output split into its events (JSON objects with a string ``kind_key``) and
+    every other line (warnings, a crash's output), each in order: what a transcript parser starts from."""
+    events: list[dict[str, Any]] = []
+    other: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("{"):
+            try:
+                event = json.loads(stripped)
+            except json.JSONDecodeError:
+                event = None
+            if isinstance(event, dict) and isinstance(event.get(kind_key), str):
+                events.append(event)
+                continue
+        other.append(line)
+    return events, other

@@ -140,13 +140,11 @@ def _check_expiry(
     return True
 
 
-def _collect_local_sandboxes(
-    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
-) -> None:
-    """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
-    is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
-    from ale_iac.substrates.local import runtime as local_runtime
-
+def _accounted_for(
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], provider: str
+) -> tuple[set[str], set[str]]:
+    """The resource ids of ``provider`` units that stacks list, and the stacks to leave alone: claimed
+    by a live run, being changed right now (locked by a live CLI), or unreadable."""
     referenced: set[str] = set()
     busy: set[str] = set(live)
     for stack in existing:
@@ -157,7 +155,18 @@ def _collect_local_sandboxes(
         if units is None:
             busy.add(stack)
             continue
-        referenced |= {u.resource_id for u in units.values() if u.provider == "local"}
+        referenced |= {u.resource_id for u in units.values() if u.provider == provider}
+    return referenced, busy
+
+
+def _collect_local_sandboxes(
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
+    is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
+    from ale_iac.substrates.local import runtime as local_runtime
+
+    referenced, busy = _accounted_for(engine, read_units, existing, live, "local")
     for state in local_runtime.list_sandboxes():
         if state.sandbox_id in referenced or state.labels.get("stack") in busy:
             continue
@@ -183,17 +192,7 @@ def _collect_docker_units(
     except AleIacError:
         return
     try:
-        referenced: set[str] = set()
-        busy: set[str] = set(live)
-        for stack in existing:
-            if engine.is_locked(stack):
-                busy.add(stack)
-                continue
-            units = read_units(stack)
-            if units is None:
-                busy.add(stack)
-                continue
-            referenced |= {u.resource_id for u in units.values() if u.provider == "docker"}
+        referenced, busy = _accounted_for(engine, read_units, existing, live, "docker")
         stack_label = f"{docker_runtime.LABEL}stack"
         candidates = {unit.sandbox_id: unit.labels for unit in docker_runtime.list_sandboxes(client)}
         candidates.update(docker_runtime.orphan_objects(client))
