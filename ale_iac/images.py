@@ -81,7 +81,6 @@ if TYPE_CHECKING:
 DOCKER_REPOSITORY_PREFIX = "ale-iac/"
 """Images ale-iac imports into the Docker engine are ``ale-iac/<name>:<hash12>``."""
 DOCKER_LABEL_PREFIX = "ale-iac."
-DOCKER_START_HINT = "start it: scripts/dockerd.sh (as root; scripts/setup.sh installs the engine)"
 _DOCKER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _IMPORT_CHUNK = 1 << 20
 
@@ -598,21 +597,11 @@ def build_image(name: str, *, force: bool = False, log: LogFn = _stderr_log, ver
 
 
 def docker_client(timeout: float = 60.0) -> DockerClient:
-    """A client of the local Docker engine (``DOCKER_HOST`` or the default socket) that has answered a
-    ping, or an error saying how to start the engine."""
-    import docker
-    from docker.errors import DockerException
+    """A client of the local Docker engine that has answered a ping (the docker substrate's), or an
+    error saying how to start the engine."""
+    from ale_iac.substrates.docker.runtime import client
 
-    try:
-        client = docker.from_env(timeout=int(timeout))
-    except DockerException as exc:
-        raise AleIacError(f"the Docker engine is not running or not reachable ({exc}); {DOCKER_START_HINT}") from None
-    try:
-        client.ping()
-    except DockerException as exc:
-        client.close()
-        raise AleIacError(f"the Docker engine does not answer ({exc}); {DOCKER_START_HINT}") from None
-    return client
+    return client(timeout)
 
 
 def docker_image_tag(image: ImageInfo) -> str:

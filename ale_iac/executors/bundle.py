@@ -106,9 +106,15 @@ def ensure_bundle(python: str = "3.13", log: Callable[[str], None] = lambda line
     if not python.replace(".", "").isdigit() or python.count(".") != 1:
         raise AleIacError(f"python version must look like '3.13', got {python!r}")
     root = cache_root() / "runtime"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".lock")):
-        return Bundle(python=python, deps=_ensure_deps(root, python, log), src=_ensure_src(root))
+    key = (root, python)
+    if key not in _MADE:  # sources hashed (every file read) once per process, not once per unit
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root / ".lock")):
+            _MADE[key] = Bundle(python=python, deps=_ensure_deps(root, python, log), src=_ensure_src(root))
+    return _MADE[key]
+
+
+_MADE: dict[tuple[Path, str], Bundle] = {}
 
 
 def _ensure_deps(root: Path, python: str, log: Callable[[str], None]) -> Path:

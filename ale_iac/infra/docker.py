@@ -20,7 +20,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.images import ensure_docker_image, require_image
 from ale_iac.infra import DeclareContext
-from ale_iac.infra.local import name_prefix, new_sandbox_id
+from ale_iac.infra.local import identity_labels, name_prefix, new_sandbox_id, sandbox_options
 from ale_iac.profile import DockerRoute
 
 PROVIDER_KIND = "docker"
@@ -122,11 +122,7 @@ class DockerSandbox(Resource, module="ale", name="DockerSandbox"):
     limits: pulumi.Output[list[dict[str, Any]]]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        unknown = sorted(set(props) - set(INPUT_KEYS))
-        if unknown:
-            raise ValueError(f"DockerSandbox {name}: unknown properties {unknown}")
-        secret = pulumi.ResourceOptions(additional_secret_outputs=SECRET_OUTPUTS)
-        opts = pulumi.ResourceOptions.merge(opts, secret) if opts else secret
+        opts = sandbox_options("DockerSandbox", name, props, INPUT_KEYS, SECRET_OUTPUTS, opts)
         super().__init__(DockerSandboxProvider(), name, {**props, **dict.fromkeys(OUTPUT_KEYS)}, opts)
 
 
@@ -136,8 +132,7 @@ def declare_unit(
     """Declare one unit container for ``unit``; returns its ``UnitOutputs``-shaped handle."""
     image = require_image(route.image)
     shape = unit.shape.over(route.shape)
-    labels = {str(k): str(v) for k, v in unit.labels.items()}
-    labels.update(stack=ctx.stack, unit=unit.name, profile=ctx.profile)
+    labels = identity_labels(unit, ctx)
     props: dict[str, Any] = {
         "name_prefix": name_prefix(ctx.stack, unit.name),
         "image_recipe": route.image,

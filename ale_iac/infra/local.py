@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +156,32 @@ class LocalSandbox(Resource, module="ale", name="LocalSandbox"):
     gateway_url: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        unknown = sorted(set(props) - set(INPUT_KEYS))
-        if unknown:
-            raise ValueError(f"LocalSandbox {name}: unknown properties {unknown}")
-        # The token is a secret output: encrypted in the state, shown as [secret] by plain pulumi.
-        secret = pulumi.ResourceOptions(additional_secret_outputs=SECRET_OUTPUTS)
-        opts = pulumi.ResourceOptions.merge(opts, secret) if opts else secret
+        opts = sandbox_options("LocalSandbox", name, props, INPUT_KEYS, SECRET_OUTPUTS, opts)
         super().__init__(LocalSandboxProvider(), name, {**props, **dict.fromkeys(OUTPUT_KEYS)}, opts)
+
+
+def sandbox_options(
+    resource: str,
+    name: str,
+    props: dict[str, Any],
+    input_keys: Sequence[str],
+    secret_outputs: list[str],
+    opts: pulumi.ResourceOptions | None,
+) -> pulumi.ResourceOptions:
+    """A host sandbox resource's options, once its properties are checked: its token is a secret output
+    (encrypted in the state, shown as [secret] by plain pulumi)."""
+    unknown = sorted(set(props) - set(input_keys))
+    if unknown:
+        raise ValueError(f"{resource} {name}: unknown properties {unknown}")
+    secret = pulumi.ResourceOptions(additional_secret_outputs=secret_outputs)
+    return pulumi.ResourceOptions.merge(opts, secret) if opts else secret
+
+
+def identity_labels(unit: UnitSpec, ctx: DeclareContext) -> dict[str, str]:
+    """A unit's labels plus its identity (stack, unit, profile), which wins over its own of those names."""
+    labels = {str(k): str(v) for k, v in unit.labels.items()}
+    labels.update(stack=ctx.stack, unit=unit.name, profile=ctx.profile)
+    return labels
 
 
 def declare_unit(
@@ -170,9 +190,7 @@ def declare_unit(
     """Declare one local sandbox for ``unit``; returns its ``UnitOutputs``-shaped handle."""
     image = require_image(route.image)
     shape = unit.shape.over(route.shape)
-    # The identity labels win over a unit's own labels of the same name.
-    labels = {str(k): str(v) for k, v in unit.labels.items()}
-    labels.update(stack=ctx.stack, unit=unit.name, profile=ctx.profile)
+    labels = identity_labels(unit, ctx)
     props: dict[str, Any] = {
         "name_prefix": name_prefix(ctx.stack, unit.name),
         "rootfs": str(image.rootfs),
