@@ -29,6 +29,9 @@ from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
 from ale_iac.executors import docker as docker_executor
 from ale_iac.executors.docker import DockerExecutor
 from ale_iac.images import docker_client
+from ale_iac.models.gateway import ModelGateway
+from ale_iac.models.plan import Plan
+from ale_iac.models.scripted import ScriptedModelServer
 from ale_iac.paths import home_id
 from ale_iac.runner.gc import GcReport, collect_containers
 from ale_iac.runner.records import Redactor
@@ -102,42 +105,6 @@ class FakeSandbox:
             writer.close()
 
 
-class FakeGateway:
-    """The model gateway's Unix socket: answers one line, ``token ok`` or ``token wrong``."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.paths: list[Path] = []
-        self.servers: list[asyncio.Server] = []
-
-    def attach_unix(self, path: Path) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
-        listener.listen(8)
-        listener.setblocking(False)
-        self.paths.append(path)
-
-        async def serve() -> None:
-            self.servers.append(await asyncio.start_unix_server(self._handle, sock=listener))
-
-        asyncio.get_running_loop().create_task(serve())
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        line = (await reader.readline()).decode().strip()
-        writer.write(b"token ok\n" if line == f"hello {self.token}" else b"token wrong\n")
-        await writer.drain()
-        writer.close()
-
-    def grant(self) -> ModelGrant:
-        return ModelGrant(
-            api="anthropic",
-            model="probe-model",
-            token=self.token,
-            tcp_root="http://127.0.0.1:9",
-            attach_unix=self.attach_unix,
-        )
-
-
 def make_executor(
     endpoint: str,
     token: str,
@@ -200,7 +167,10 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
 ) -> None:
     api_key = "sk-docker-" + secrets.token_hex(16)
     endpoint_token = "tok-" + secrets.token_hex(16)
-    gateway = FakeGateway("gw-" + secrets.token_hex(16))
+    model_key = "sk-model-" + secrets.token_hex(16)
+    plan = Plan.model_validate({"scripts": [{"match": "probe", "turns": [{"text": "model says hi"}]}]})
+    upstream = ScriptedModelServer(plan, api_key=model_key)
+    gateway = ModelGateway()
     work = tmp_path / "unit" / "agent"
     cli_root = tmp_path / "clis" / "fakecli"
     (cli_root / "bin").mkdir(parents=True)
@@ -215,7 +185,20 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
         finally:
             client.close()
 
+    sockets: list[Path] = []
+    tokens: list[str] = []
+
     async def main() -> tuple[AgentRunResult, DockerExecutor, FakeSandbox]:
+        grant = gateway.grant("u-docker", api="anthropic", upstream_base_url=upstream.base_url, api_key=model_key)
+        tokens.append(grant.token)
+
+        def attach_unix(path: Path) -> None:
+            sockets.append(path)
+            grant.attach_unix(path)
+
+        model = ModelGrant(
+            api="anthropic", model="probe-model", token=grant.token, tcp_root=gateway.tcp_root, attach_unix=attach_unix
+        )
         sandbox = FakeSandbox(endpoint_token, on_probe=inspect_while_running)
         endpoint = await sandbox.start()
         executor = make_executor(
@@ -223,7 +206,7 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
             endpoint_token,
             work,
             env={"ALE_TEST_API_KEY": api_key},
-            model=gateway.grant(),
+            model=model,
             clis={"fakecli": CliInstall("fakecli", "1.0", cli_root, "bin/fakecli", ("bin/fakecli",))},
             targets=[
                 ["127.0.0.1", host_listener],
@@ -238,7 +221,10 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
         finally:
             await sandbox.close()
 
-    result, executor, sandbox = asyncio.run(main())
+    with upstream, gateway:
+        result, executor, sandbox = asyncio.run(main())
+        usage = gateway.usage("u-docker")
+        served = upstream.requests
     log = (work / "container.log").read_text() if (work / "container.log").exists() else "(no container.log)"
     assert result.status == "completed", (result, log)
     report = json.loads((work / "probe.json").read_text())
@@ -294,13 +280,17 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
     assert report["sandbox"] == {"status": 200, "body": "sandbox says hi"}
     assert report["sandbox_without_token"]["status"] == 401
     assert ("/probe", True) in sandbox.requests
-    # The gateway through its relay, with the unit's token.
+    # The real gateway through its relay: the unit's token is answered by the model (the upstream saw the
+    # real key, never the token), a wrong token is refused there, and the gateway counted both.
     assert report["model"] == {
         "base_url": "http://127.0.0.1:4001",
         "model": "probe-model",
-        "gateway_reply": "token ok",
+        "right_token": {"status": 200, "text": "model says hi"},
+        "wrong_token": {"status": 401, "text": ""},
     }
-    assert gateway.paths and gateway.paths[0].name == "gateway.sock"
+    assert [r.auth for r in served] == ["ok"]
+    assert usage["requests"] == 1 and usage["refused"] == 1 and usage["errors"] == 0, usage
+    assert [p.name for p in sockets] == ["gateway.sock"]
 
     # What the SDK says inside is what the host-side executor says, plus, for the bridge alone, the
     # endpoint's token in a private file of the socket folder (never the value: MCP configs are records).
@@ -326,7 +316,7 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
     assert report["token_digest"] == hashlib.sha256(endpoint_token.encode()).hexdigest()
     assert "secrets.json" not in report["socket_dir"]
     assert report["secret_names_in_os_environ"] == []  # the entry took them out of its environment
-    values = [api_key, endpoint_token, gateway.token]
+    values = [api_key, endpoint_token, model_key, *tokens]
     for path in files_under(work):
         data = path.read_bytes()
         assert not any(v.encode() in data for v in values), f"a secret is in {path}"
@@ -346,7 +336,7 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
 
     # Gone afterwards: the container, and the private socket folder.
     assert our_containers() == []
-    assert not gateway.paths[0].parent.exists()
+    assert not sockets[0].parent.exists()
 
 
 @pytest.mark.parametrize(

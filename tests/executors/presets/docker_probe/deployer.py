@@ -27,7 +27,6 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 from ale_iac.agent import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
 
@@ -84,6 +83,21 @@ def _try_connect(host: str, port: int) -> str:
             return "connected"
     except OSError as exc:
         return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+def _model_call(base_url: str, model: str, key: str) -> dict[str, Any]:
+    """One non-streaming Anthropic Messages call through the gateway: its status and answer text."""
+    body = json.dumps(
+        {"model": model, "max_tokens": 16, "stream": False, "messages": [{"role": "user", "content": "probe"}]}
+    ).encode()
+    headers = {"content-type": "application/json", "x-api-key": key, "anthropic-version": "2023-06-01"}
+    request = urllib.request.Request(base_url + "/v1/messages", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+            return {"status": response.status, "text": "".join(b.get("text", "") for b in answer["content"])}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "text": ""}
 
 
 def _http(url: str, token: str | None) -> dict[str, Any]:
@@ -155,11 +169,12 @@ class DockerProbe(BaseAgentDeployer):
         except Exception as exc:
             report["model"] = {"error": str(exc)}
         else:
-            where = urlsplit(access.base_url)
-            with socket.create_connection((where.hostname or "", where.port or 80), timeout=10) as conn:
-                conn.sendall(f"hello {access.api_key}\n".encode())
-                reply = conn.makefile().readline().strip()
-            report["model"] = {"base_url": access.base_url, "model": access.model, "gateway_reply": reply}
+            report["model"] = {
+                "base_url": access.base_url,
+                "model": access.model,
+                "right_token": _model_call(access.base_url, access.model, access.api_key),
+                "wrong_token": _model_call(access.base_url, access.model, "not-the-unit-token-0123456789"),
+            }
         report["clis"] = {name: self.executor.cli(name) for name in settings.get("cli_names", [])}
         return report
 
