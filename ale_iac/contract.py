@@ -23,7 +23,7 @@ UNITS_OUTPUT = "units"
 """Name of the stack output that carries the per-unit handles."""
 
 OsName = Literal["linux", "windows"]
-BulkTransport = Literal["http", "docker"]
+BulkTransport = Literal["http", "docker", "qemu"]
 
 ENDPOINT_TOKEN_ENV = "ALE_IAC_ENDPOINT_TOKEN"
 """Environment variable that carries an endpoint's bearer token to a process (a bridge, an agent's
@@ -158,7 +158,8 @@ class UnitOutputs(BaseModel):
     transport: BulkTransport = Field(
         default="http",
         description="How bulk files (task inputs, outputs) reach the unit: 'http' (the computer-server's file "
-        "commands, any endpoint) or 'docker' (the local engine's archive API on ``container_id``).",
+        "commands, any endpoint), 'docker' (the local engine's archive API on ``container_id``) or 'qemu' (the "
+        "unit guest's share, found by ``resource_id``).",
     )
     container_id: str | None = Field(default=None, description="The unit's container, for the 'docker' transport.")
 

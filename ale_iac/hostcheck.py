@@ -14,6 +14,9 @@ class Check:
     detail: str
     fix: str = ""
     """What to do when it fails."""
+    required: bool = True
+    """False for what the host may lack at a cost that is recorded, not refused (a resource limit a
+    sandbox records as not applied): doctor prints it, nothing refuses to run for it."""
 
 
 def _which(tool: str) -> Check:

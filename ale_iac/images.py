@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError
-from ale_iac.paths import cache_root, project_root
+from ale_iac.paths import cache_root, project_root, shared_image_dirs
 
 LogFn = Callable[[str], None]
 
@@ -77,6 +78,8 @@ _IGNORED_NAMES = {"__pycache__", ".DS_Store"}
 
 if TYPE_CHECKING:
     from docker import DockerClient
+
+    from ale_iac.substrates.qemu.disk import QemuDisk
 
 DOCKER_REPOSITORY_PREFIX = "ale-iac/"
 """Images ale-iac imports into the Docker engine are ``ale-iac/<name>:<hash12>``."""
@@ -230,11 +233,100 @@ def list_images() -> list[ImageInfo]:
 
 
 def require_image(name: str) -> ImageInfo:
-    """The built image of the current recipe, or an error saying how to build it."""
+    """The built image of the current recipe, or an error saying how to build it.
+
+    A normal user with no build of its own gets a copy of the one root published (``find_published``),
+    unpacked into its cache on first use.
+    """
     image = find_image(name)
+    if image is None and os.geteuid() != 0 and (published := find_published(name)) is not None:
+        image = unpack_published(published)
     if image is None:
-        raise AleIacError(f"image '{name}' is not built; run: ale-iac images build {name}")
+        raise AleIacError(
+            f"image '{name}' is not built; run: ale-iac images build {name} (as root, then "
+            f"ale-iac images build {name} --export shared for the normal users of this host)"
+        )
     return image
+
+
+# --- images root published for normal users -----------------------------------------------------
+
+PUBLISHED_ROOTFS = "rootfs.tar"
+"""A published image: ``<shared dir>/<name>-<hash12>/`` with ``manifest.json`` and the rootfs as a tar
+(0644, numeric owners, no device nodes), so that a user can read files the image keeps root's alone."""
+
+
+def find_published(name: str) -> Path | None:
+    """The published image of the current recipe of ``name`` in ``paths.shared_image_dirs()``, or None."""
+    ref = f"{name}-{recipe_hash(name)[:12]}"
+    for folder in shared_image_dirs():
+        candidate = folder / ref
+        if (candidate / MANIFEST).is_file() and (candidate / PUBLISHED_ROOTFS).is_file():
+            return candidate
+    return None
+
+
+def publish_image(name: str, log: LogFn = _stderr_log) -> Path:
+    """Publish root's build of ``name`` for the host's normal users (the ``shared`` export): once per recipe."""
+    image = require_image(name)
+    root = shared_image_dirs()[0]
+    final = root / image.ref
+    if (final / PUBLISHED_ROOTFS).is_file():
+        return final
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with _locked(root / f".{image.ref}.lock", log):
+        if (final / PUBLISHED_ROOTFS).is_file():
+            return final
+        work = root / f".publish-{image.ref}-{os.getpid()}"
+        work.mkdir(mode=0o755)
+        try:
+            started = time.monotonic()
+            archive = work / PUBLISHED_ROOTFS
+            tar = ["tar", "--numeric-owner", "--exclude=./dev/*", "-C", str(image.rootfs), "-cf", str(archive), "."]
+            subprocess.run(tar, check=True, capture_output=True)
+            shutil.copyfile(image.path / MANIFEST, work / MANIFEST)
+            for path in (archive, work / MANIFEST):
+                os.chmod(path, 0o644)
+            work.rename(final)
+        except BaseException:
+            _remove_tree(work)
+            raise
+    log(f"image {image.ref} published in {time.monotonic() - started:.1f} s: {final}")
+    return final
+
+
+def unpack_published(published: Path, log: LogFn = _stderr_log) -> ImageInfo:
+    """A copy of a published image in the caller's cache, owned by the caller (what a rootless sandbox
+    runs: its owner is root inside). Setuid and setgid bits are dropped (they would be the caller's on the
+    host, and mean nothing inside, where every mount is nosuid); the image folder is 0700."""
+    root = cache_dir()
+    final = root / published.name
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{published.name}.lock", log):
+        if (final / MANIFEST).is_file() and (final / ROOTFS).is_dir():
+            return ImageInfo.load(final)
+        started = time.monotonic()
+        work = root / f".unpack-{published.name}-{os.getpid()}"
+        (work / ROOTFS).mkdir(mode=0o700, parents=True)
+        try:
+            tar = ["tar", "-xpf", str(published / PUBLISHED_ROOTFS), "-C", str(work / ROOTFS), "--no-same-owner"]
+            subprocess.run(tar, check=True, capture_output=True)
+            for folder, _dirs, files in os.walk(work / ROOTFS):
+                for entry in (folder, *(os.path.join(folder, f) for f in files)):
+                    mode = os.lstat(entry).st_mode
+                    if stat.S_ISLNK(mode):
+                        continue
+                    wanted = (mode & ~(stat.S_ISUID | stat.S_ISGID)) | (stat.S_IWUSR if stat.S_ISDIR(mode) else 0)
+                    if wanted != mode:
+                        os.chmod(entry, stat.S_IMODE(wanted))
+            shutil.copyfile(published / MANIFEST, work / MANIFEST)
+            os.chmod(work, 0o700)
+            work.rename(final)
+        except BaseException:
+            _remove_tree(work)
+            raise
+    log(f"image {published.name} unpacked from {published} in {time.monotonic() - started:.1f} s: {final}")
+    return ImageInfo.load(final)
 
 
 # --- building ----------------------------------------------------------------------------------
@@ -698,13 +790,40 @@ def ensure_docker_image(name: str = "desktop", log: LogFn = _stderr_log) -> str:
     return tag
 
 
-EXPORT_TARGETS = ("docker",)
+# --- the image as a QEMU guest disk -------------------------------------------------------------
+
+
+def ensure_qcow2_image(name: str = "desktop", log: LogFn = _stderr_log) -> QemuDisk:
+    """The built image ``name`` as a bootable qcow2 disk with Debian's kernel and initramfs (the ``qemu``
+    substrate's export, ``<image dir>/qcow2-<hash8>/``), made once per recipe and guest-file hash."""
+    from ale_iac.substrates.qemu.disk import export_qcow2, find_export
+
+    image = require_image(name)
+    existing = find_export(image.path)
+    if existing is not None:
+        return existing
+    builder = _Builder(name, recipe_hash(name), image.path, -1, log, verbose=False)
+    return export_qcow2(
+        image.rootfs,
+        image.path,
+        env=builder.chroot_env(),
+        apt_conf=_host_apt_overrides(),
+        ca_bundle=_host_ca_bundle(),
+        log=log,
+    )
+
+
+EXPORT_TARGETS = ("docker", "qcow2", "shared")
 """Where a built rootfs can be exported: one recipe, one cache, several exports."""
 
 
 def export_image(name: str, target: str, log: LogFn = _stderr_log) -> str:
     """Export the built image ``name`` to ``target`` (see :data:`EXPORT_TARGETS`); returns what it is
-    called there (for ``docker``, the engine tag ``ale-iac/<name>:<hash12>``)."""
+    called there (for ``docker``, the engine tag ``ale-iac/<name>:<hash12>``; for ``qcow2``, the disk)."""
     if target not in EXPORT_TARGETS:
         raise AleIacError(f"unknown image export target {target!r} (known: {', '.join(EXPORT_TARGETS)})")
+    if target == "qcow2":
+        return str(ensure_qcow2_image(name, log=log).disk)
+    if target == "shared":
+        return str(publish_image(name, log=log))
     return ensure_docker_image(name, log=log)

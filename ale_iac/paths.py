@@ -4,6 +4,9 @@
   backend, the secrets passphrase, per-stack logs, running local sandboxes, pool leases.
 * cache (``ALE_IAC_CACHE``, default ``$XDG_CACHE_HOME/ale-iac``): things that can be rebuilt — the
   Pulumi toolchain and built images.
+* shared images (``ALE_IAC_IMAGE_PATH``, a ``:``-separated list, default ``/var/lib/ale-iac/images``):
+  images root built and published read-only for the normal users of the host, who unpack a copy of
+  their own into their cache (rootless sandboxes run an image their user owns; docs/rootless.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ def home_id() -> str:
 def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(os.environ.get("ALE_IAC_CACHE") or Path(xdg) / "ale-iac").expanduser()
+
+
+SHARED_IMAGES_DEFAULT = Path("/var/lib/ale-iac/images")
+
+
+def shared_image_dirs() -> list[Path]:
+    """Where published images are looked for, first to last (the first is where root publishes)."""
+    listed = [Path(part).expanduser() for part in os.environ.get("ALE_IAC_IMAGE_PATH", "").split(":") if part]
+    return listed or [SHARED_IMAGES_DEFAULT]
 
 
 def project_root() -> Path:

@@ -68,6 +68,29 @@ class DockerRoute(StrictModel):
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
 
 
+class QemuRoute(StrictModel):
+    """A QEMU guest of the image's qcow2 export per unit (``ale_iac/substrates/qemu``): a real kernel."""
+
+    provider: Literal["qemu"]
+    image: str = Field(default="desktop", description="Image recipe name under images/ (exported as qcow2).")
+    screen_width: int = Field(default=1280, ge=320, le=7680)
+    screen_height: int = Field(default=800, ge=240, le=4320)
+    restore: bool = Field(
+        default=True,
+        description="Start units by restoring a saved memory state (one cold boot per image and shape) "
+        "instead of booting each one.",
+    )
+    runner: Literal["host", "container"] = Field(
+        default="host",
+        description="Where QEMU runs: 'host' (qemu installed here) or 'container' (the qemu-runner image "
+        "on the local Docker engine); both run the same launch script.",
+    )
+    ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry: gc may reap it after this.")
+    shape: Shape = Field(
+        default_factory=Shape, description="Default shape when a task gives none (guest vCPUs, memory)."
+    )
+
+
 class StaticRoute(StrictModel):
     """Existing computer-server endpoints. ale-iac attaches to them and never destroys them."""
 
@@ -85,7 +108,7 @@ class StaticRoute(StrictModel):
         return self
 
 
-AnyRoute = LocalRoute | DockerRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
+AnyRoute = LocalRoute | DockerRoute | QemuRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
 """The provider kinds: one route model each. The kind names and the declaring modules
 (``ale_iac.infra.<kind>``) derive from it; a new kind is a route model here plus that module."""
 Route = Annotated[AnyRoute, Field(discriminator="provider")]

@@ -12,7 +12,11 @@
 * RSS of an idle sandbox: VmRSS summed over its processes (supervisor, bwrap, slirp4netns, the
   init, Xvfb, openbox, computer-server), a few seconds after it became ready.
 
-Run as root on a host with the packages of scripts/apt-packages.txt. Stops everything it starts.
+Run as root on a host with the packages of scripts/apt-packages.txt (root mode), or as a normal user
+with an image of its own (rootless mode: docs/rootless.md; no build timings then). ``--as-user`` (as
+root) also runs the same measurements rootless, as a throwaway user made like the tests make theirs
+(tests/support/rootless.py: useradd, the image published and unpacked, removed at the end).
+Stops everything it starts.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from ale_iac import procs
-from ale_iac.images import ImageInfo, build_image
+from ale_iac.images import ImageInfo, build_image, require_image
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 
@@ -153,7 +157,9 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=4, help="sandboxes started at once per round")
     parser.add_argument("--cold-build", action="store_true", help="also time a build into an empty cache")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before measuring RSS")
+    parser.add_argument("--as-user", action="store_true", help="(root) then the same, rootless, as a throwaway user")
     args = parser.parse_args()
+    root = os.geteuid() == 0
 
     lines: list[str] = []
     cold_s: float | None = None
@@ -173,12 +179,15 @@ def main() -> int:
                 os.environ["ALE_IAC_CACHE"] = previous
             shutil.rmtree(cache, ignore_errors=True)
 
-    image = build_image("desktop", log=lambda line: print(f"  build: {line}", file=sys.stderr))
     cached = []
-    for _ in range(3):
-        t0 = time.monotonic()
-        build_image("desktop", log=lambda _line: None)
-        cached.append(time.monotonic() - t0)
+    if root:
+        image = build_image("desktop", log=lambda line: print(f"  build: {line}", file=sys.stderr))
+        for _ in range(3):
+            t0 = time.monotonic()
+            build_image("desktop", log=lambda _line: None)
+            cached.append(time.monotonic() - t0)
+    else:
+        image = require_image("desktop")
 
     load_before = os.getloadavg()
     home = Path(tempfile.mkdtemp(prefix="ale-bench-home-"))
@@ -200,6 +209,7 @@ def main() -> int:
 
     print()
     print(
+        f"mode {local_runtime.host_mode()} (uid {os.geteuid()}); "
         f"image {image.ref}: {image.size_bytes / 2**20:.0f} MiB, computer-server {image.computer_server_version}; "
         f"host {os.cpu_count()} CPUs"
     )
@@ -208,7 +218,8 @@ def main() -> int:
     print("|----------------------------------------------|---------|---------|---------|---------|-----|")
     if cold_s is not None:
         print(row("image build, cold (empty cache)", [cold_s]))
-    print(row("image build, cached", cached))
+    if cached:
+        print(row("image build, cached", cached))
     print(row("1 sandbox: start() returns", [s.start_returned_s for s in sequential]))
     print(row("1 sandbox: start() -> first 200 /status", [s.ready_s for s in sequential]))
     print(row("1 sandbox: stop()", [s.stop_s for s in sequential]))
@@ -223,7 +234,36 @@ def main() -> int:
         print(line)
     if leftovers:
         print(f"WARNING: {len(leftovers)} sandboxes were left and have been stopped")
+    if args.as_user and root:
+        return run_as_user(args)
     return 0
+
+
+def run_as_user(args: argparse.Namespace) -> int:
+    """The same measurements as a normal user (rootless), printed after root's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.rootless import normal_user, publish_for_users
+
+    shared = Path(tempfile.mkdtemp(prefix="ale-bench-images-"))
+    try:
+        os.chmod(shared, 0o755)
+        publish_for_users(shared)
+        with normal_user(expose=[str(shared)]) as user:
+            user.env["ALE_IAC_IMAGE_PATH"] = str(shared)
+            t0 = time.monotonic()
+            user.python("from ale_iac.images import require_image; require_image('desktop')")
+            print(
+                f"\nrootless, as {user.name}: published image unpacked into its cache in {time.monotonic() - t0:.1f} s"
+            )
+            argv = [sys.executable, str(Path(__file__).resolve()), "--runs", str(args.runs)]
+            argv += ["--parallel", str(args.parallel), "--settle", str(args.settle)]
+            done = user.run(argv, timeout=3600)
+            print(done.stdout, end="")
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+            return done.returncode
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #   2. the Python venv (.venv) with ale-iac and its dev tools
 #   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI that is new enough, else the pinned one
 #      built and cached; both versions are in versions.env)
-#   4. the `desktop` image (rootfs cached by recipe hash)
+#   4. the `desktop` image (rootfs cached by recipe hash), its qcow2 export and the `qemu-runner` image (qemu)
 # Every step is skipped when its result is already there, so a rerun takes seconds.
 set -euo pipefail
 
@@ -84,5 +84,17 @@ step "image: desktop"
 echo >&2
 "$VENV/bin/ale-iac" images build desktop >&2
 step "image: desktop"; done_step "ready"
+
+# The qemu profile (docs/qemu.md): the desktop image as a bootable qcow2 disk (Debian's kernel and initramfs
+# added; cached by recipe hash, about 1 min the first time), and the runner container's rootfs (Debian with
+# QEMU, about 40 s; imported into the Docker engine on first use, since the engine may not run yet here).
+step "image: desktop as qcow2 (qemu)"
+echo >&2
+"$VENV/bin/ale-iac" images build desktop --export qcow2 >&2
+step "image: desktop as qcow2 (qemu)"; done_step "ready"
+step "image: qemu-runner"
+echo >&2
+"$VENV/bin/ale-iac" images build qemu-runner >&2
+step "image: qemu-runner"; done_step "ready"
 
 printf '[setup] all done in %d s\n' "$(( $(date +%s) - T0 ))" >&2

@@ -137,7 +137,10 @@ def test_require_image_says_how_to_build(tmp_path: Path, monkeypatch: pytest.Mon
     assert find_image("desktop") is None
     with pytest.raises(AleIacError) as info:
         require_image("desktop")
-    assert str(info.value) == "image 'desktop' is not built; run: ale-iac images build desktop"
+    assert str(info.value) == (
+        "image 'desktop' is not built; run: ale-iac images build desktop (as root, then "
+        "ale-iac images build desktop --export shared for the normal users of this host)"
+    )
 
 
 def test_cache_location_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,21 +42,32 @@ def doctor() -> None:
     subs.add_column("check")
     subs.add_column("ok")
     subs.add_column("detail")
-    for check in local_host_checks():  # the very list the local runtime enforces
-        subs.add_row(f"local: {check.name}", "yes" if check.ok else "[red]no[/red]", check.detail)
-        if not check.ok:
+    for check in local_host_checks():  # the very list the local runtime enforces (limits: what it records)
+        mark = "yes" if check.ok else "[red]no[/red]" if check.required else "[yellow]no[/yellow]"
+        detail = check.detail if check.ok or check.required else f"{check.detail} (not applied; to change: {check.fix})"
+        subs.add_row(f"local: {check.name}", mark, detail)
+        if check.required and not check.ok:
             problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")
     for check in hostcheck.other_substrate_checks():
+        if check.name.startswith("qemu"):
+            continue  # the qemu substrate's own rows below
         subs.add_row(check.name, "yes" if check.ok else "no", check.detail)
-    from ale_iac.images import find_image
+    from ale_iac.images import find_image, find_published
 
     for name, ok, detail in _docker_rows():
         subs.add_row(name, "yes" if ok else "no", detail)
+    for name, ok, detail in _qemu_rows():
+        subs.add_row(name, "yes" if ok else "no", detail)
     image = find_image("desktop")
+    published = find_published("desktop") if image is None else None
     subs.add_row(
         "image desktop",
-        "yes" if image else "no",
-        str(image.path) if image else "not built (ale-iac images build desktop)",
+        "yes" if image or published else "no",
+        str(image.path)
+        if image
+        else f"published at {published} (unpacked into your cache on first use)"
+        if published
+        else "not built (ale-iac images build desktop; as root, --export shared publishes it for normal users)",
     )
     console.print(subs)
 
@@ -66,6 +77,24 @@ def doctor() -> None:
         console.print("the `local` profile cannot run here")
         raise typer.Exit(1)
     console.print("[green]✓[/green] the `local` profile can run here")
+
+
+def _qemu_rows() -> list[tuple[str, bool, str]]:
+    """The ``qemu`` profile's needs: QEMU, the accelerator it will use (KVM when usable, else TCG), the
+    desktop image's qcow2 export."""
+    from ale_iac.substrates.qemu import runtime as qemu_runtime
+
+    rows = qemu_runtime.host_checks()
+    try:
+        from ale_iac.images import require_image
+        from ale_iac.substrates.qemu.disk import find_export
+
+        export = find_export(require_image("desktop").path)
+        detail = str(export.disk) if export else "not exported yet (ale-iac images build desktop --export qcow2)"
+        rows.append(("qemu: disk", export is not None, detail))
+    except AleIacError as exc:
+        rows.append(("qemu: disk", False, str(exc)))
+    return rows
 
 
 def _docker_rows() -> list[tuple[str, bool, str]]:

@@ -29,7 +29,8 @@ def build(
         typer.Option(
             "--export",
             help="Also export the built rootfs: 'docker' imports it into the local engine as "
-            "ale-iac/<name>:<hash12> (once per recipe hash; nothing is pulled). Prints the tag.",
+            "ale-iac/<name>:<hash12> (once per recipe hash; nothing is pulled). Prints the tag. 'qcow2' makes "
+            "a bootable QEMU guest disk with Debian's kernel and initramfs (once per recipe hash). Prints its path.",
         ),
     ] = None,
 ) -> None:

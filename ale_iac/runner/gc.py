@@ -10,7 +10,9 @@
 * containers of the ``docker`` executor made by this home whose runner process is gone (a runner
   killed before it could remove them), when a Docker engine answers;
 * ``docker`` unit containers of this home (found by their ``ale-iac.sandbox`` label) that no stack
-  lists, and the networks and volumes of units whose container is gone (a create killed half-way).
+  lists, and the networks and volumes of units whose container is gone (a create killed half-way);
+* ``qemu`` unit guests of this home (their folders under ``$ALE_IAC_HOME/qemu``) that no stack lists,
+  with their QEMU, overlay and sockets, and saved-state boots whose saver was killed.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def collect(
 
     _collect_local_sandboxes(engine, read_units, existing, set(live), dry_run, report)
     _collect_docker_units(engine, read_units, existing, set(live), dry_run, report)
+    _collect_qemu_units(engine, read_units, existing, set(live), dry_run, report)
     collect_containers(dry_run=dry_run, report=report)
     if not dry_run:
         engine.sweep_work_dirs()
@@ -211,6 +214,45 @@ def _collect_docker_units(
             report.sandboxes_stopped.append(sandbox_id)
     finally:
         client.close()
+
+
+def _collect_qemu_units(
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Stop ``qemu`` unit guests that no stack lists (as for local sandboxes), remove runner containers
+    whose unit folder is gone, and the folders of saved-state boots nobody holds the lock of (their saver
+    was killed)."""
+    from ale_iac.substrates.qemu import launcher as qemu_launcher
+    from ale_iac.substrates.qemu import runtime as qemu_runtime
+    from ale_iac.substrates.qemu import saved as qemu_saved
+
+    referenced, busy = _accounted_for(engine, read_units, existing, live, "qemu")
+    for info in qemu_runtime.list_sandboxes():
+        if info.sandbox_id in referenced or info.labels.get("stack") in busy:
+            continue
+        if not dry_run:
+            try:
+                qemu_runtime.stop(info.sandbox_id)
+            except Exception as exc:
+                report.errors.append(f"qemu unit {info.sandbox_id}: {exc}")
+                continue
+        report.sandboxes_stopped.append(info.sandbox_id)
+    for name in qemu_launcher.orphan_containers():
+        if not dry_run:
+            try:
+                qemu_launcher.remove_container_named(name)
+            except Exception as exc:
+                report.errors.append(f"qemu runner container {name}: {exc}")
+                continue
+        report.containers_removed.append(name)
+    for build in qemu_saved.stale_builds():
+        if not dry_run:
+            try:
+                qemu_saved.remove_build(build)
+            except Exception as exc:
+                report.errors.append(f"qemu saved-state boot {build.name}: {exc}")
+                continue
+        report.sandboxes_stopped.append(build.name)
 
 
 def collect_containers(*, dry_run: bool, report: GcReport) -> None:

@@ -36,11 +36,14 @@ from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
 from tests.executors.conftest import docker_engine, docker_image
+from tests.support.rootless import HostUser, rootless_user
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 pytestmark = pytest.mark.sandbox
-__all__ = ["docker_engine", "docker_image"]
+__all__ = ["docker_engine", "docker_image", "rootless_user"]
+LOCAL_KINDS = ["local", pytest.param("local-rootless", marks=pytest.mark.rootless)]
+"""The local substrate as root, and as a normal user (``rootless``: a user the session makes)."""
 
 PIDS_LIMIT = 200
 DISK_GB = 1
@@ -71,6 +74,8 @@ class SandboxUnderTest(Protocol):
 class LocalUnderTest:
     state: LocalSandboxState
     endpoint: Endpoint
+    owner: int = 0
+    """The host user that started it (its state folders are that user's)."""
 
     def host_pids(self) -> list[int]:
         return local_runtime.sandbox_pids(self.state)
@@ -82,7 +87,11 @@ class LocalUnderTest:
         return local_runtime.log_text(self.state, name)
 
     def tasks_in_use(self) -> int:
-        folder = next(Path(p) for p in self.state.cgroups if (Path(p) / "pids.current").exists())
+        folder = next((Path(p) for p in self.state.cgroups if (Path(p) / "pids.current").exists()), None)
+        if folder is None:  # bounded by RLIMIT_NPROC in its user namespace: count its tasks
+            return sum(
+                len(os.listdir(f"/proc/{pid}/task")) for pid in self.host_pids() if Path(f"/proc/{pid}").exists()
+            )
         return int((folder / "pids.current").read_text())
 
 
@@ -113,6 +122,42 @@ class DockerUnderTest:
         return int(Path(f"/sys/fs/cgroup/pids/docker/{self.state.container_id}/pids.current").read_text())
 
 
+@dataclass
+class QemuUnderTest:
+    """A ``qemu`` unit: a guest with a kernel of its own; on the host, one QEMU process and the unit folder."""
+
+    state: Any
+    endpoint: Endpoint
+
+    def host_pids(self) -> list[int]:
+        return [self.state.pid] if self.state.pid else []
+
+    def host_paths(self) -> list[Path]:
+        return [self.state.unit_dir]
+
+    def read_log(self, name: str) -> str:
+        raise NotImplementedError
+
+    def tasks_in_use(self) -> int:
+        raise NotImplementedError
+
+
+DOCKER = pytest.param("docker", marks=pytest.mark.docker)
+QEMU = pytest.param("qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(900)])
+"""A first qemu unit may make the saved memory state: a cold boot under TCG, minutes on a loaded host."""
+NOT_ON_QEMU: dict[str, str] = {}
+"""Checks of walls a qemu guest does not have, with the reason: the guest runs a kernel of its own, so the
+wall is the virtual machine (tests/substrates/qemu checks the host side: process, folder, network)."""
+
+
+def not_on_qemu(reason: str) -> Any:
+    def mark(fn: Any) -> Any:
+        NOT_ON_QEMU[fn.__name__] = reason
+        return pytest.mark.parametrize("sut", [*LOCAL_KINDS, DOCKER], indirect=True)(fn)
+
+    return mark
+
+
 LOCAL_ONLY: dict[str, str] = {}
 """Checks that do not apply to a docker unit, with the reason (what covers the wall instead)."""
 
@@ -123,15 +168,21 @@ def local_only(reason: str) -> Any:
 
     def mark(fn: Any) -> Any:
         LOCAL_ONLY[fn.__name__] = reason
-        return pytest.mark.parametrize("sut", ["local"], indirect=True)(fn)
+        return pytest.mark.parametrize("sut", LOCAL_KINDS, indirect=True)(fn)
 
     return mark
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(scope="module", params=[*LOCAL_KINDS, DOCKER, QEMU])
 def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
+    if request.param == "qemu":
+        yield from _qemu_sut(desktop_image)
+        return
     if request.param == "docker":
         yield from _docker_sut(request)
+        return
+    if request.param == "local-rootless":
+        yield from _rootless_sut(request.getfixturevalue("rootless_user"))
         return
     spec = LocalSandboxSpec(
         sandbox_id=new_sandbox_id("isolation"),
@@ -147,6 +198,26 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
         local_runtime.stop(state.sandbox_id)
 
 
+def _rootless_sut(user: HostUser) -> Iterator[SandboxUnderTest]:
+    """A local sandbox started by a normal user (``rootless`` mode), probed from here (root) like the others."""
+    sandbox_id = new_sandbox_id("isolation")
+    started = user.python(
+        "import json\n"
+        "from ale_iac.images import require_image\n"
+        "from ale_iac.substrates.local import runtime\n"
+        f"spec = runtime.LocalSandboxSpec(sandbox_id={sandbox_id!r}, rootfs=str(require_image('desktop').rootfs), "
+        f"pids_limit={PIDS_LIMIT}, disk_gb={DISK_GB})\n"
+        "print(json.dumps(runtime.start(spec).to_json()))\n"
+    )
+    state = LocalSandboxState.from_json(json.loads(started.splitlines()[-1]))
+    try:
+        assert state.mode == local_runtime.MODE_ROOTLESS, state
+        wait_for_status(state)
+        yield LocalUnderTest(state, Endpoint.of(state), owner=user.uid)
+    finally:
+        user.python(f"from ale_iac.substrates.local import runtime; runtime.stop({sandbox_id!r})")
+
+
 def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
     from ale_iac.substrates.docker import runtime as docker_runtime
 
@@ -160,6 +231,23 @@ def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
         yield DockerUnderTest(state, endpoint)
     finally:
         docker_runtime.stop(state.sandbox_id)
+
+
+def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
+    from ale_iac.images import ensure_qcow2_image
+    from ale_iac.substrates.qemu import runtime as qemu_runtime
+
+    disk = ensure_qcow2_image(desktop_image.name)
+    spec = qemu_runtime.QemuSandboxSpec(
+        sandbox_id=new_sandbox_id("isolation"), disk=disk.disk, kernel=disk.kernel, initrd=disk.initrd
+    )
+    state = qemu_runtime.start(spec)
+    try:
+        endpoint = Endpoint(state.endpoint, state.token)
+        wait_for_status(endpoint)
+        yield QemuUnderTest(state, endpoint)
+    finally:
+        qemu_runtime.stop(state.sandbox_id)
 
 
 def sh(sut: SandboxUnderTest, command: str) -> dict[str, Any]:
@@ -182,10 +270,23 @@ def status_field(text: str, name: str) -> str:
     "confined by capabilities, no-new-privileges and seccomp"
 )
 def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) -> None:
-    uid_map = sh(sut, "cat /proc/self/uid_map /proc/self/gid_map")["stdout"].split()
-    assert uid_map[0::3] == ["0", "0"] and uid_map[2::3] == ["65536", "65536"], uid_map
+    assert isinstance(sut, LocalUnderTest)
+    uid_map = sh(sut, "cat /proc/self/uid_map")["stdout"].split()
+    assert sh(sut, "cat /proc/self/gid_map")["stdout"].split()[0::3] == uid_map[0::3]
     base = int(uid_map[1])
-    assert base >= 2**30 and uid_map[4] == uid_map[1], uid_map
+    if sut.state.mode == local_runtime.MODE_ROOTLESS:
+        # The user's own uid is root inside, and nothing else of the host but, with newuidmap, the
+        # user's subordinate range (/etc/subuid) for ids 1..65535.
+        assert uid_map[:3] == ["0", str(sut.owner), "1"] and sut.owner not in (0, base + 1), (uid_map, sut.owner)
+        assert base == sut.state.uid_base
+        host_ids = {sut.owner}
+        if len(uid_map) > 3:
+            assert uid_map[3] == "1" and uid_map[5] == "65535" and int(uid_map[4]) >= 65536, uid_map
+            host_ids |= set(range(int(uid_map[4]), int(uid_map[4]) + 65535))
+    else:
+        assert uid_map[0::3] == ["0"] and uid_map[2::3] == ["65536"], uid_map
+        assert base >= 2**30, uid_map
+        host_ids = set(range(base, base + 65536))
     assert sh(sut, "id -u")["stdout"] == "0\n"
     inside = [pid for pid in sut.host_pids() if Path(f"/proc/{pid}/ns/user").exists()]
     own_userns = os.readlink("/proc/self/ns/user")
@@ -193,9 +294,10 @@ def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) 
     assert sandboxed, "no process of the sandbox runs in a user namespace of its own"
     for pid in sandboxed:
         uids = status_field(Path(f"/proc/{pid}/status").read_text(), "Uid").split()
-        assert {int(u) for u in uids} <= set(range(base, base + 65536)), (pid, uids)
+        assert {int(u) for u in uids} <= host_ids, (pid, uids)
 
 
+@not_on_qemu("the guest's /proc/sys is its own kernel's settings, not the host's")
 def test_host_kernel_settings_are_read_only(sut: SandboxUnderTest) -> None:
     # A no-op write of a host-global setting: the value read is written back.
     noop = sh(sut, 'v=$(cat /proc/sys/kernel/core_pattern); printf %s "$v" > /proc/sys/kernel/core_pattern')
@@ -221,6 +323,7 @@ def test_host_kernel_settings_are_read_only(sut: SandboxUnderTest) -> None:
         assert sh(sut, f"test -w {path}")["return_code"] != 0, path
 
 
+@not_on_qemu("namespaces made inside are the guest kernel's, walled off by the virtual machine")
 def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
     reply = sh(sut, "unshare --user --map-root-user true")
     assert reply["return_code"] != 0 and "Operation not permitted" in reply["stderr"], reply
@@ -254,6 +357,7 @@ def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderT
         assert result == {"result": -1, "errno": SANDBOX_POLICY.family(family_name).errno}, (family_name, result)
 
 
+@not_on_qemu("root in the guest holds every capability of the guest's own kernel, and nothing of the host's")
 def test_capabilities_and_bounding_set_are_cut(sut: SandboxUnderTest) -> None:
     status = sh(sut, "cat /proc/1/status /proc/self/status")["stdout"]
     for field in ("CapEff", "CapPrm", "CapBnd"):
@@ -269,6 +373,10 @@ def test_capabilities_and_bounding_set_are_cut(sut: SandboxUnderTest) -> None:
 # --- files ---------------------------------------------------------------------------------------------
 
 
+@not_on_qemu(
+    "a setuid file raises only inside the guest's own kernel; the unit folder's modes are checked in "
+    "tests/substrates/qemu (0700, files 0600)"
+)
 def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> None:
     plant = sh(
         sut,
@@ -276,13 +384,15 @@ def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> Non
         "cp /bin/sh /var/log/ale/suid-sh && chmod 4755 /var/log/ale/suid-sh && stat -c %a /root/suid-sh",
     )
     assert plant["return_code"] == 0 and plant["stdout"] == "4755\n", plant
-    # Not even inside does it raise anyone: nosuid mounts and no_new_privs.
-    raised = sh(sut, "setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-sh -c 'id -u'")
-    assert raised["stdout"] == "1000\n", raised
+    # Not even inside does it raise anyone: nosuid mounts and no_new_privs (and uid 1000 exists inside).
+    if sh(sut, "wc -l < /proc/self/uid_map")["stdout"].strip() != "1":  # rootless without newuidmap: no uid 1000
+        raised = sh(sut, "setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-sh -c 'id -u'")
+        assert raised["stdout"] == "1000\n", raised
+    owner = sut.owner if isinstance(sut, LocalUnderTest) else 0
     for root in sut.host_paths():
         for folder, dirs, files in os.walk(root):
             info = os.stat(folder)
-            assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) & 0o077 == 0, (folder, oct(info.st_mode))
+            assert info.st_uid == owner and stat.S_IMODE(info.st_mode) & 0o077 == 0, (folder, oct(info.st_mode))
             for name in files + dirs:
                 entry = os.lstat(os.path.join(folder, name))
                 assert not entry.st_mode & (stat.S_ISUID | stat.S_ISGID), os.path.join(folder, name)
@@ -306,6 +416,52 @@ def test_no_host_path_is_visible_inside(sut: SandboxUnderTest) -> None:
         assert str(root) not in mountinfo
     assert str(Path.home()) + "/" not in mountinfo
     assert ".cache/ale-iac" not in mountinfo
+
+
+@local_only("the unit's own layer is the only place it writes; docker binds no host path into a unit")
+def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
+    """Every mount inside is the sandbox's own (its overlay, its layer, tmpfs, its proc), but for the few
+    device nodes bubblewrap binds from the host's /dev; nothing on any other mount is writable."""
+    probe = python(
+        sut,
+        """
+        import json, os, stat
+        OWN = {"overlay", "tmpfs", "proc", "devpts", "mqueue"}
+        DEVICES = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
+        foreign, writable = [], []
+        for line in open("/proc/self/mountinfo"):
+            fields = line.split()
+            dash = fields.index("-")
+            point, fstype, source = fields[4], fields[dash + 1], fields[dash + 2]
+            if fstype in OWN or (fstype == "ext4" and source.startswith("/dev/loop")):  # root mode's layer
+                continue
+            foreign.append([point, fstype])
+            paths = [point] if not os.path.isdir(point) else [
+                os.path.join(folder, name) for folder, dirs, files in os.walk(point) for name in dirs + files
+            ] + [point]
+            for path in paths:
+                try:
+                    mode = os.lstat(path).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISLNK(mode) or (stat.S_ISCHR(mode) and path in DEVICES):
+                    continue
+                if os.access(path, os.W_OK):
+                    writable.append(path)
+        print(json.dumps({"foreign": foreign, "writable": writable[:20]}))
+        """,
+    )
+    found = json.loads(probe["stdout"])
+    assert found["writable"] == [], found
+    assert {point for point, _ in found["foreign"]} <= {
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/tty",
+        "/proc/sys",
+    }, found
 
 
 @local_only(
@@ -409,6 +565,7 @@ def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> 
     assert path.parent == Path(sut.state.state_dir)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
+        os.chown(path, sut.owner, -1)  # the run's gateway is served by the user that runs the sandbox
         server.listen(1)
         try:
 
@@ -491,6 +648,7 @@ def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest
 # --- limits --------------------------------------------------------------------------------------------
 
 
+@not_on_qemu("the guest's vCPUs and memory bound it; its kernel's task count is its own")
 def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
     reply = python(
         sut,

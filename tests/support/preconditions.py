@@ -10,8 +10,12 @@ The markers (registered, with their meaning, in pyproject.toml):
   ``ale_iac.substrates.local.runtime.host_checks()`` ok. Most of these tests start real sandboxes.
 * ``agent_clis``: the pinned agent CLIs (``ale_iac.agent.clis``: Claude Code, Codex) installed, or
   ``npm`` on PATH to install them from the npm registry (the test's fixture does, ~6 s each, once).
+* ``rootless``: root (to make a normal user with ``useradd`` and drive it with ``runuser`` in a private mount
+  namespace: tests/support/rootless.py), the desktop image, and unprivileged user namespaces allowed.
 * ``docker``: a Docker engine that answers, or one this host can start (root and ``dockerd`` installed:
   the ``docker_engine`` fixture runs scripts/dockerd.sh), and the desktop image (imported into the engine).
+* ``qemu``: root, QEMU (``qemu-system-x86_64``, ``qemu-img``) and the desktop image; the tests' fixtures
+  make the image's qcow2 export and a saved memory state if missing (scripts/setup.sh makes both).
 
 The hooks in tests/conftest.py use :func:`missing` before each test: where a precondition is missing the
 test is skipped with the reason on a developer's host, and fails in CI (``CI=true``), because a test that
@@ -69,11 +73,31 @@ def _engine() -> str | None:
 def _sandbox() -> str | None:
     from ale_iac.substrates.local.runtime import host_checks
 
-    failed = [f"{check.name}: {check.detail} ({check.fix})" for check in host_checks() if not check.ok]
+    failed = [
+        f"{check.name}: {check.detail} ({check.fix})" for check in host_checks() if check.required and not check.ok
+    ]
     image = _image()
     if image is not None:
         failed.append(image)
     return "local sandboxes cannot run here: " + "; ".join(failed) if failed else None
+
+
+@functools.cache
+def _rootless() -> str | None:
+    import shutil
+    from pathlib import Path
+
+    failed = [why for why in (_root(), _image()) if why is not None]
+    failed += [
+        f"{tool} is not installed" for tool in ("useradd", "userdel", "runuser", "unshare") if not shutil.which(tool)
+    ]
+    try:
+        max_userns = Path("/proc/sys/user/max_user_namespaces").read_text().strip()
+    except OSError:
+        max_userns = "unreadable"
+    if max_userns == "0":
+        failed.append("user namespaces are disabled (sysctl -w user.max_user_namespaces=15000)")
+    return "rootless sandboxes cannot be tested here: " + "; ".join(failed) if failed else None
 
 
 @functools.cache
@@ -96,6 +120,19 @@ def _docker() -> str | None:
 
 
 @functools.cache
+def _qemu() -> str | None:
+    import shutil
+
+    failed = [f"{tool} is not installed" for tool in ("qemu-system-x86_64", "qemu-img") if shutil.which(tool) is None]
+    for why in (_root(), _image()):
+        if why is not None:
+            failed.append(why)
+    if failed:
+        return "qemu guests cannot run here: " + "; ".join(failed) + " (scripts/setup.sh installs QEMU)"
+    return None
+
+
+@functools.cache
 def _agent_clis() -> str | None:
     import shutil
 
@@ -115,6 +152,8 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "engine": _engine,
     "sandbox": _sandbox,
     "docker": _docker,
+    "qemu": _qemu,
+    "rootless": _rootless,
     "agent_clis": _agent_clis,
 }
 """Marker name -> the check of its precondition (None when met, else why not)."""

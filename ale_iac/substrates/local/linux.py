@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 from typing import Final
 
 CLONE_NEWNS: Final = 0x00020000
 CLONE_NEWUSER: Final = 0x10000000
 CLONE_NEWNET: Final = 0x40000000
 
+MS_RDONLY: Final = 0x1
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
 MS_NOEXEC: Final = 0x8
@@ -145,6 +147,93 @@ def user_namespace(host_base: int, count: int) -> int:
         os.close(made_r)
         os.close(go_w)  # the child exits
         os.waitpid(pid, 0)
+
+
+def own_user_namespace(uid: int, gid: int, subids: tuple[tuple[int, int], tuple[int, int]] | None = None) -> int:
+    """A new user namespace whose id 0 is the caller's own ``uid``/``gid`` (no privilege needed).
+
+    With ``subids`` (the caller's subordinate uid and gid ranges, ``(start, count)`` each, from
+    /etc/subuid and /etc/subgid), ids 1..count inside are those ranges, mapped by the setuid
+    ``newuidmap``/``newgidmap`` of the ``uidmap`` package. Without, what an unprivileged user may map
+    alone: one line, its own ids, ``setgroups`` denied first. Returns an fd of the namespace; call it
+    before starting threads (it forks).
+    """
+    made_r, made_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only makes the namespace and waits to be told to exit
+        try:
+            os.close(made_r)
+            os.close(go_w)
+            unshare(CLONE_NEWUSER)
+            os.write(made_w, b"1")
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(made_w)
+    os.close(go_r)
+    try:
+        if os.read(made_r, 1) != b"1":
+            raise OSError("the child could not make a user namespace (unshare(CLONE_NEWUSER) failed)")
+        if subids is not None:
+            (uid_start, uid_count), (gid_start, gid_count) = subids
+            for tool, own, start, count in (
+                ("newuidmap", uid, uid_start, uid_count),
+                ("newgidmap", gid, gid_start, gid_count),
+            ):
+                done = subprocess.run(
+                    [tool, str(pid), "0", str(own), "1", "1", str(start), str(count)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise OSError(f"{tool} failed: {(done.stderr or done.stdout).strip()}")
+        else:
+            for name, text in (("uid_map", f"0 {uid} 1\n"), ("setgroups", "deny"), ("gid_map", f"0 {gid} 1\n")):
+                with open(f"/proc/{pid}/{name}", "w") as handle:
+                    handle.write(text)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(made_r)
+        os.close(go_w)  # the child exits
+        os.waitpid(pid, 0)
+
+
+def enter_user_namespace(userns_fd: int) -> None:
+    """Move the calling (single-threaded) process into ``userns_fd`` for good, as its root (the
+    namespace's owner gets every capability in it)."""
+    setns(userns_fd, CLONE_NEWUSER)
+
+
+def probe_rootless_overlay(scratch: str) -> str | None:
+    """Try what a rootless sandbox does: a user namespace of one's own ids, a mount namespace in it, a
+    tmpfs, and an overlay whose lower layer is a directory of the caller's.
+
+    ``scratch`` is an empty directory of the caller's (the lower layer and a mount point; only the
+    probe's own mount namespace sees the mounts). Returns None when all of it works, else what failed.
+    It runs util-linux's ``unshare`` and ``mount`` in a fresh process rather than forking this one: a
+    fork of a process with threads of gRPC (a Pulumi provider) gets threads back in the child, and a
+    process with threads may not make a user namespace.
+    """
+    lower = os.path.join(scratch, "lower")
+    top = os.path.join(scratch, "top")
+    os.mkdir(lower)
+    os.mkdir(top)
+    script = (
+        'mount -t tmpfs -o size=1m,mode=0755 tmpfs "$1" && mkdir "$1/upper" "$1/work" "$1/merged" && '
+        'mount -t overlay -o "lowerdir=$2,upperdir=$1/upper,workdir=$1/work" overlay "$1/merged"'
+    )
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
+    try:
+        done = subprocess.run(
+            [*argv, "sh", "-c", script, "probe", top, lower], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare: {exc}"
+    if done.returncode != 0:
+        return (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+    return None
 
 
 def become_root_of(userns_fd: int) -> None:

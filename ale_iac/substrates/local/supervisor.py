@@ -6,11 +6,14 @@ import here is memory per sandbox). It owns the sandbox's processes for their wh
 
 1. makes the sandbox's cgroups (memory, pids, CPU quota) and records what it applied;
 2. makes the sandbox's user namespace: uid/gid 0..65535 inside are an unprivileged host range
-   (``uid_base``), so root inside is nobody outside, also when ale-iac runs as root;
+   (``uid_base``), so root inside is nobody outside, also when ale-iac runs as root. Rootless (run
+   by a normal user, docs/rootless.md): uid 0 inside is that user (ids 1..65535 its /etc/subuid
+   range, through newuidmap, when it has one), and the supervisor moves into the namespace for good;
 3. moves itself into a private mount namespace and builds the sandbox's root there, where no host
    process sees it: a size-limited ext4 file system on a loop device (``disk.img``: the writable
    layer and the logs, ``nosuid,nodev``), the image rootfs bound read-only through an id mapping
-   into the user namespace, and an overlay of the two;
+   into the user namespace, and an overlay of the two. Rootless: a size-limited tmpfs, and the
+   user's own copy of the image bound read-only;
 4. starts bubblewrap inside the user namespace (as its root) with new pid, net, ipc, uts and
    cgroup namespaces, the seccomp filter of ``substrates.seccomp``, a cut capability set and
    bounding set, paused (``--block-fd``) once the namespaces exist;
@@ -40,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -61,6 +65,7 @@ from ale_iac.substrates.local.runtime import (
     DISK_FILE,
     GATEWAY_SOCKET,
     LOGS_DIR,
+    MODE_ROOTLESS,
     MOUNT_ROOT,
     MTU,
     SANDBOX_LOG_NAMES,
@@ -73,6 +78,8 @@ from ale_iac.substrates.local.runtime import (
     LocalSandboxSpec,
     LocalSandboxState,
     copy_tail,
+    host_mode,
+    subordinate_ids,
     uid_base_of,
 )
 from ale_iac.substrates.relay import loopback_listener, serve_relay, unix_connector
@@ -135,7 +142,15 @@ class Supervisor:
         self.start_time = start_time
         self.created_at = utc_now("seconds")
         self.cgroups = cgroups.SandboxCgroups(self.spec.sandbox_id, str(folder))
-        self.uid_base = uid_base_of(self.spec.sandbox_id)
+        self.mode = host_mode()
+        self.rootless = self.mode == MODE_ROOTLESS
+        # Host uid of root inside; and the uid the supervisor gives the sandbox's root files, as it
+        # sees it: rootless, the supervisor itself lives in the sandbox's user namespace (as its root).
+        self.uid_base = os.getuid() if self.rootless else uid_base_of(self.spec.sandbox_id)
+        self.owner = 0 if self.rootless else self.uid_base
+        self.nproc: int | None = None
+        """RLIMIT_NPROC for the sandbox, where no pids cgroup bounds its tasks."""
+        self.oom_kills = 0
         self.userns_fd = -1
         self.sandbox: subprocess.Popen[bytes] | None = None
         self.slirp: subprocess.Popen[bytes] | None = None
@@ -171,6 +186,8 @@ class Supervisor:
             pid_namespace=self.pidns,
             cgroups=[str(p) for p in self.cgroups.paths],
             uid_base=self.uid_base,
+            mode=self.mode,
+            oom_kills=self.oom_kills,
             gateway_url=self.gateway_url,
             gateway_socket=self.gateway_socket,
             exit_code=self.exit_code,
@@ -200,14 +217,17 @@ class Supervisor:
             cpus=spec.vcpus,
         )
         self.cgroups.apply(limits, host_cpus=len(os.sched_getaffinity(0)))
-        self.cgroups.records.append(
-            cgroups.LimitRecord(
-                "disk_gb",
-                str(spec.disk_gb),
-                True,
-                f"{spec.disk_gb} GiB ext4 file system for the writable layer and logs",
-            )
+        fallback = cgroups.nproc_fallback(self.cgroups.record("pids_limit"), spec.pids_limit)
+        if fallback is not None:
+            self.cgroups.records = [r for r in self.cgroups.records if r.name != "pids_limit"] + [fallback]
+            self.nproc = spec.pids_limit
+        disk = (
+            f"{spec.disk_gb} GiB tmpfs in the sandbox's user namespace for the writable layer and logs (rootless: "
+            "no loop device; it is memory, and counts against the memory limit where one applies)"
+            if self.rootless
+            else f"{spec.disk_gb} GiB ext4 file system for the writable layer and logs"
         )
+        self.cgroups.records.append(cgroups.LimitRecord("disk_gb", str(spec.disk_gb), True, disk))
         for record in self.cgroups.records:
             outcome = "applied" if record.applied else "NOT applied"
             log(f"limit {record.name}={record.requested}: {outcome}: {record.detail}")
@@ -215,13 +235,56 @@ class Supervisor:
     # --- the root file system ------------------------------------------------------------------
 
     def build_root(self) -> None:
-        """In a mount namespace of our own: the loop file system, the id-mapped image, the overlay."""
+        """In a mount namespace of our own: the writable layer (root: a loop-mounted ext4; rootless: a
+        tmpfs), the image (root: id-mapped; rootless: the caller's own copy, bound read-only), the overlay."""
         rootfs = Path(self.spec.rootfs).resolve()
-        Path(MOUNT_ROOT).mkdir(mode=0o755, parents=True, exist_ok=True)
-        linux.private_mount_namespace()
+        if self.rootless:
+            # Owned by our user namespace; /run/ale-iac cannot be made on the host without root, so a
+            # tmpfs over /run, seen by this mount namespace only, holds it.
+            linux.private_mount_namespace()
+            linux.mount("tmpfs", "/run", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=0755")
+            os.mkdir(MOUNT_ROOT, 0o755)
+        else:
+            Path(MOUNT_ROOT).mkdir(mode=0o755, parents=True, exist_ok=True)
+            linux.private_mount_namespace()
         linux.mount("tmpfs", MOUNT_ROOT, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=64k,mode=0755")
         for path in (LAYER, LOWER, ROOT):
             os.mkdir(path)
+        if self.rootless:
+            size = f"size={self.spec.disk_gb}g,mode=0755"
+            linux.mount("tmpfs", LAYER, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, size)
+        else:
+            self._mount_disk()
+        self.layer_mounted = True
+        lower_root = os.stat(rootfs)
+        for name, mode, uid in (
+            ("upper", lower_root.st_mode & 0o7777, self.owner),
+            ("work", 0o700, 0),
+            ("logs", 0o755, self.owner),
+        ):
+            path = f"{LAYER}/{name}"
+            os.mkdir(path, mode)
+            os.chmod(path, mode)
+            os.chown(path, uid, uid)
+        if self.rootless:
+            linux.mount(str(rootfs), LOWER, None, linux.MS_BIND | linux.MS_REC)
+            readonly = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
+            linux.mount("none", LOWER, None, readonly)
+        else:
+            linux.idmapped_bind(str(rootfs), LOWER, self.userns_fd)
+        options = f"lowerdir={LOWER},upperdir={LAYER}/upper,workdir={LAYER}/work"
+        linux.mount("overlay", ROOT, "overlay", linux.MS_NOSUID | linux.MS_NODEV, options)
+        if self.spec.allow_outbound:
+            self._write_in_root("etc/resolv.conf", "nameserver 10.0.2.3\n")
+        logs_target = f"{ROOT}{SANDBOX_LOG_DIR}"
+        if not os.path.isdir(logs_target):
+            raise SetupError(f"the image has no {SANDBOX_LOG_DIR}; is it an ale-iac image?")
+        linux.mount(f"{LAYER}/logs", logs_target, None, linux.MS_BIND)
+        flags = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+        linux.mount("none", logs_target, None, flags)
+
+    def _mount_disk(self) -> None:
+        """Root mode: the writable layer and logs, an ext4 file system of ``disk_gb`` on a loop device."""
         disk = self.folder / DISK_FILE
         fd = os.open(disk, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as handle:
@@ -242,28 +305,6 @@ class Supervisor:
             ]
         )
         _run(["mount", "-o", "loop,nosuid,nodev", str(disk), LAYER])
-        self.layer_mounted = True
-        lower_root = os.stat(rootfs)
-        for name, mode, uid in (
-            ("upper", lower_root.st_mode & 0o7777, self.uid_base),
-            ("work", 0o700, 0),
-            ("logs", 0o755, self.uid_base),
-        ):
-            path = f"{LAYER}/{name}"
-            os.mkdir(path, mode)
-            os.chmod(path, mode)
-            os.chown(path, uid, uid)
-        linux.idmapped_bind(str(rootfs), LOWER, self.userns_fd)
-        options = f"lowerdir={LOWER},upperdir={LAYER}/upper,workdir={LAYER}/work"
-        linux.mount("overlay", ROOT, "overlay", linux.MS_NOSUID | linux.MS_NODEV, options)
-        if self.spec.allow_outbound:
-            self._write_in_root("etc/resolv.conf", "nameserver 10.0.2.3\n")
-        logs_target = f"{ROOT}{SANDBOX_LOG_DIR}"
-        if not os.path.isdir(logs_target):
-            raise SetupError(f"the image has no {SANDBOX_LOG_DIR}; is it an ale-iac image?")
-        linux.mount(f"{LAYER}/logs", logs_target, None, linux.MS_BIND)
-        flags = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
-        linux.mount("none", logs_target, None, flags)
 
     def _write_in_root(self, relpath: str, text: str) -> None:
         """Write a file into the sandbox's root, owned by its root user."""
@@ -273,7 +314,7 @@ class Supervisor:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        os.chown(path, self.uid_base, self.uid_base, follow_symlinks=False)
+        os.chown(path, self.owner, self.owner, follow_symlinks=False)
 
     # --- start ---------------------------------------------------------------------------------
 
@@ -321,7 +362,10 @@ class Supervisor:
         user namespace's root, so that bwrap makes every other namespace inside it."""
         procs.die_with_parent()
         self.cgroups.join()
-        linux.become_root_of(self.userns_fd)
+        if self.nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (self.nproc, self.nproc))
+        if not self.rootless:  # rootless, the supervisor already is the user namespace's root
+            linux.become_root_of(self.userns_fd)
 
     def start_sandbox(self) -> tuple[int, int]:
         """Start bwrap; returns (info read fd, block write fd)."""
@@ -470,7 +514,11 @@ class Supervisor:
         self.save()
         self.apply_limits()
         self.save()
-        self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
+        if self.rootless:
+            self.userns_fd = linux.own_user_namespace(os.getuid(), os.getgid(), subordinate_ids())
+            linux.enter_user_namespace(self.userns_fd)  # single-threaded still: no server thread runs yet
+        else:
+            self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
         self.build_root()
         info_r, block_w = self.start_sandbox()
         try:
@@ -571,6 +619,7 @@ class Supervisor:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             self.stop_children()
             self.keep_log_tails()
+            self.oom_kills = cgroups.memory_oom_kills(self.cgroups.paths)
             self.phase = "exited"
             with contextlib.suppress(OSError):  # stop() may already be deleting the state dir
                 self.save()

@@ -200,14 +200,38 @@ def test_the_host_checks_pass_here() -> None:
     assert all(check.ok for check in local_runtime.host_checks()), local_runtime.host_checks()
 
 
-def test_non_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_normal_user_gets_the_rootless_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a normal user the runtime runs rootless: no loop device or mkfs, but user namespaces and
+    overlayfs in one (the probe really tries them), and each limit says what it will be."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    checks = {check.name: check for check in local_runtime.host_checks()}
+    assert checks["mode"].detail.startswith("rootless (uid 1000)")
+    assert not {"mkfs.ext4", "loop devices", "ext4 file system"} & set(checks)
+    assert {"user namespaces", "overlay in a user namespace", "limit memory_gb", "limit pids_limit"} <= set(checks)
+    assert all(not check.required for name, check in checks.items() if name.startswith("limit ") or name == "cgroups")
+
+
+def test_disabled_user_namespaces_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    real = local_runtime._sysctl
+    monkeypatch.setattr(
+        local_runtime, "_sysctl", lambda name: "0" if name == "user.max_user_namespaces" else real(name)
+    )
     local_runtime.check_host.cache_clear()
     try:
-        with pytest.raises(SandboxError, match=r"root: uid 1000 \(run as root"):
+        with pytest.raises(
+            SandboxError,
+            match=r"user namespaces: user.max_user_namespaces=0 \(sysctl -w user.max_user_namespaces=15000\)",
+        ):
             local_runtime.check_host()
     finally:
         local_runtime.check_host.cache_clear()
+
+
+def test_rootless_refuses_an_image_it_does_not_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with pytest.raises(SandboxError, match=r"rootless sandboxes run an image of your own, and .* belongs to uid"):
+        local_runtime.check_rootfs_owner(tmp_path)
 
 
 @pytest.mark.sandbox
@@ -420,6 +444,20 @@ def test_limits_are_applied_and_recorded(sandbox_factory: SandboxFactory) -> Non
         assert sandbox.init_pid in members
     size = run(sandbox, "df -B1 --output=size / | tail -1")["stdout"].strip()
     assert 1.8 * 2**30 < int(size) <= 2 * 2**30, size
+
+
+@pytest.mark.sandbox
+def test_a_task_beyond_the_memory_limit_is_killed_and_the_sandbox_says_so(sandbox_factory: SandboxFactory) -> None:
+    """cgroup v1 here (memory.limit_in_bytes and memsw): the kernel's OOM killer takes the task that went
+    over, the rest of the sandbox lives on, and the sandbox's count of such kills says so."""
+    sandbox = sandbox_factory(memory_gb=0.75)
+    record = next(r for r in sandbox.limits if r.name == "memory_gb")
+    assert record.applied, record
+    assert local_runtime.oom_kills(sandbox) == 0
+    hog = run(sandbox, "python3 -c \"b = b'x' * (1536 * 2**20); print('survived', len(b))\"")
+    assert hog["return_code"] in (137, -9) and "survived" not in hog["stdout"], hog
+    assert local_runtime.oom_kills(sandbox) >= 1
+    assert run(sandbox, "echo alive")["stdout"] == "alive\n"
 
 
 @pytest.mark.sandbox
