@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 from ale_iac.contract import UNITS_OUTPUT, UnitSpec, parse_units
 from ale_iac.engine import Engine, StackNotFoundError
@@ -55,11 +56,12 @@ def up_unit(
     If ``up`` fails, whatever it created is destroyed before the error propagates, so a failed
     create leaves no stack behind.
     """
+    resolved: list[dict[str, Any]] = []
     try:
-        outputs = engine.up(stack, inline_program(profile, [unit], stack), on_output=on_output)
-        if UNITS_OUTPUT not in outputs:
+        engine.up_new(stack, inline_program(profile, [unit], stack, on_units=resolved.append), on_output=on_output)
+        if not resolved:
             raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
-        units = parse_units(outputs[UNITS_OUTPUT])
+        units = parse_units(resolved[-1])
         if unit.name not in units:
             raise AleIacError(f"stack '{stack}' did not export unit '{unit.name}'")
         return SandboxHandle.from_outputs(stack, units[unit.name])

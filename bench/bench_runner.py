@@ -1,10 +1,14 @@
 """Runner overhead and throughput on the local profile.
 
 Runs the reference agent on the demo's CLI task as 8 units (repeats) at concurrency 1, 2 and 4 and
-prints, per concurrency: wall time, and the median per-unit runner overhead (unit time minus agent
-time: stack up, readiness, staging, setup, grading, destroy).
+prints, per concurrency: wall time, units per hour, and the median per-unit runner overhead (unit
+time minus agent time: stack up, readiness, staging, setup, grading, destroy).
 
-    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4]
+With ``--pool N`` the units lease from a pool stack of N local units instead (brought up first, as
+``pulumi up`` on ``stacks/Pulumi.local.yaml`` would, and destroyed at the end): each unit is reset to a
+fresh sandbox between leases.
+
+    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2]
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ale_iac.engine import Engine
+from ale_iac.infra.program import inline_program, pool_units
+from ale_iac.profile import PoolSpec, resolve_profile
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.runner import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
+POOL = "bench-runner-pool"
 
 
 def main() -> None:
@@ -30,47 +38,66 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=8)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--task", default="examples/tasks/cli-log-stats")
+    parser.add_argument("--pool", type=int, default=0, help="lease from a pool stack of this many local units")
     args = parser.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
-        exp = Path(tmp) / "bench.yaml"
-        exp.write_text(
-            json.dumps(
-                {
-                    "name": "bench",
-                    "agents": [str(REPO / "agents" / "scripted" / "preset.yaml")],
-                    "tasks": [str(REPO / args.task)],
-                    "repeats": args.units,
-                    "profile": "local",
-                    "output_root": str(Path(tmp) / "runs"),
-                }
-            )
-        )
-        quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives for the whole benchmark
-        for jobs in args.jobs:
-            start = time.perf_counter()
-            summary = run_experiment(load_experiment(exp, {"concurrency": jobs}), console=quiet)
-            wall = time.perf_counter() - start
-            bad = [o for o in summary.outcomes if o.status != "succeeded"]
-            if bad:
-                raise SystemExit(f"units failed: {[(o.unit_id, o.status, o.error) for o in bad]}")
-            overhead = [o.duration_s - o.agent_s for o in summary.outcomes]
-            agent = [o.agent_s for o in summary.outcomes]
-            phases: dict[str, list[float]] = {}
-            for o in summary.outcomes:
-                run = json.loads((summary.run_dir / o.unit_id / "run.json").read_text())
-                for name, phase in run["phases"].items():
-                    phases.setdefault(name, []).append(phase.get("seconds", 0.0))
-            rows.append((jobs, wall, statistics.median(overhead), statistics.median(agent), phases))
-    print(f"{args.units} units of {args.task} with the scripted agent, local profile")
-    print(f"{'jobs':>4} {'wall s':>8} {'units/min':>9} {'overhead/unit s (median)':>25} {'agent s (median)':>17}")
+        if not args.pool:
+            rows = _measure(args, Path(tmp), {"profile": "local"})
+        else:
+            engine = Engine()
+            profile = resolve_profile("local").profile
+            engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=args.pool), POOL), POOL))
+            try:
+                rows = _measure(args, Path(tmp), {"pool": POOL})
+            finally:
+                engine.destroy(POOL)
+    source = f"a pool of {args.pool} local units" if args.pool else "ephemeral stacks, local profile"
+    print(f"{args.units} units of {args.task} with the scripted agent, {source}")
+    print(f"{'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s (median)':>25} {'agent s (median)':>17}")
     for jobs, wall, over, agent, _ in rows:
-        print(f"{jobs:>4} {wall:8.1f} {60 * args.units / wall:9.2f} {over:25.2f} {agent:17.2f}")
+        print(f"{jobs:>4} {wall:8.1f} {3600 * args.units / wall:10.0f} {over:25.2f} {agent:17.2f}")
     print("median seconds per phase:")
     for jobs, *_, phases in rows:
         cells = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
         print(f"  -j {jobs}: {cells}")
+
+
+Row = tuple[int, float, float, float, dict[str, list[float]]]
+
+
+def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> list[Row]:
+    rows: list[Row] = []
+    exp = tmp / "bench.yaml"
+    exp.write_text(
+        json.dumps(
+            {
+                "name": "bench",
+                "agents": [str(REPO / "agents" / "scripted" / "preset.yaml")],
+                "tasks": [str(REPO / args.task)],
+                "repeats": args.units,
+                **source,
+                "output_root": str(tmp / "runs"),
+            }
+        )
+    )
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives for the whole benchmark
+    for jobs in args.jobs:
+        start = time.perf_counter()
+        summary = run_experiment(load_experiment(exp, {"concurrency": jobs}), console=quiet)
+        wall = time.perf_counter() - start
+        bad = [o for o in summary.outcomes if o.status != "succeeded"]
+        if bad:
+            raise SystemExit(f"units failed: {[(o.unit_id, o.status, o.error) for o in bad]}")
+        overhead = [o.duration_s - o.agent_s for o in summary.outcomes]
+        agent = [o.agent_s for o in summary.outcomes]
+        phases: dict[str, list[float]] = {}
+        for o in summary.outcomes:
+            run = json.loads((summary.run_dir / o.unit_id / "run.json").read_text())
+            for name, phase in run["phases"].items():
+                phases.setdefault(name, []).append(phase.get("seconds", 0.0))
+        rows.append((jobs, wall, statistics.median(overhead), statistics.median(agent), phases))
+    return rows
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
   ``tests/support/preconditions.py``): a test whose precondition this host lacks is skipped with the
   reason, or fails when ``CI=true``. Tests with none of them get the ``fast`` marker: ``pytest -m fast``
   is the fast lane.
-* Fixtures that start real sandboxes: ``tests/support/fixtures.py``.
+* Fixtures that start real sandboxes: ``tests/support/fixtures.py``. The rootless tests' normal user
+  (``rootless_user``, ``tests/support/rootless.py``): one per worker session, shared by every module.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.support import preconditions
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.rootless"]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ale_iac.contract import UnitSpec
 from ale_iac.infra import declare
 from ale_iac.profile import CONFIG_NAMESPACE, PoolSpec, Profile, parse_profile
 
 
-def inline_program(profile: Profile, units: Sequence[UnitSpec], stack: str) -> Callable[[], None]:
-    """A closure for the Automation API: declares ``units`` under ``profile``."""
+def inline_program(
+    profile: Profile,
+    units: Sequence[UnitSpec],
+    stack: str,
+    on_units: Callable[[dict[str, Any]], None] | None = None,
+) -> Callable[[], None]:
+    """A closure for the Automation API: declares ``units`` under ``profile``.
+
+    ``on_units`` receives the ``units`` output's plain values (secrets revealed) once the update has
+    resolved them, in this process: what a ``stack output --show-secrets`` after the update would read.
+    The inline program runs in the caller's process, and ``up`` returns only after every apply ran.
+    """
     frozen = tuple(units)
 
     def program() -> None:
-        declare(profile, frozen, stack)
+        handles = declare(profile, frozen, stack)
+        if on_units is not None:
+            import pulumi
+
+            pulumi.Output.from_input(handles).apply(on_units)
 
     return program
 

@@ -5,6 +5,10 @@
       -> deployer: install -> launch(prompt) -> parse_artifacts -> stage reference -> evaluate
       -> pull outputs -> record -> release per cleanup mode (always, in a finally, also on cancel)
 
+The run's concurrency (``RunContext.slots``) bounds units from load to pulled outputs; the release
+(a stack's destroy, a pool unit's reset) runs after the unit gave its slot back, so the next unit starts
+while this one is cleaned up. The unit's record still waits for the cleanup's outcome.
+
 Every phase is timed into run.json and events.jsonl, and names the status the unit ends in if it
 fails (:meth:`_Unit.phase`). Nothing escapes without the release having run.
 """
@@ -40,6 +44,7 @@ from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.registry import RunRegistry
 from ale_iac.runner.status import AGENT_OUTCOME, UnitStatus
 from ale_iac.runner.tasks import TaskDataMissingError, UnitTask, collect_dir
+from ale_iac.runner.unit_limits import record_limits
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
 from ale_iac.task import Evaluation, TaskSandbox
@@ -69,6 +74,8 @@ class RunContext:
     """Per agent name: the agent CLIs its deployer declared, installed on this host."""
     gateway: ModelGateway | None = None
     """The run's model gateway (None when no agent uses a model)."""
+    slots: asyncio.Semaphore | None = None
+    """The run's concurrency: held from load until outputs are pulled, not during cleanup (None: no bound)."""
 
 
 @dataclass
@@ -109,6 +116,7 @@ class _Unit:
         self.score: float | None = None
         self.error: str | None = None
         self.agent_s = 0.0
+        self.handle: SandboxHandle | None = None
         task = plan.task
         previous = self.record.previous_run()
         self.attempt = int(previous.get("attempt", 1)) + 1 if previous else 1
@@ -162,6 +170,9 @@ class _Unit:
         self.record.event("interrupted")
 
     async def release(self, provisioner: Provisioner, handle: SandboxHandle | None) -> UnitOutcome:
+        # Before the cleanup: a destroy or a reset takes the sandbox's limits and its count of OOM kills.
+        if (oom := record_limits(handle, self.record)) and self.status is not UnitStatus.SUCCEEDED:
+            self.error = oom if self.error is None else f"{self.error}; {oom}"
         self.record.phase_start("cleanup")
         outcome = await provisioner.release(self.status, self.score)
         self.record.phase_end("cleanup", outcome=outcome)
@@ -196,53 +207,85 @@ class _Unit:
 
 
 async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
-    unit = _Unit(plan, ctx)
-    provisioner = ctx.provisioner()
-    handle: SandboxHandle | None = None
+    slot = _Slot(ctx.slots)
+    await slot.take()
     try:
-        async with unit.phase("load", UnitStatus.SETUP_FAILED) as done:
-            try:
-                task = plan.task.for_unit()  # ALE's format: load() runs here, once per unit
-            except TaskDataMissingError:
-                unit.status = UnitStatus.TASK_DATA_MISSING
-                raise
-            done.update(task.describe())
-        async with unit.phase("provision", UnitStatus.PROVISION_FAILED) as done:
-            handle = await provisioner.acquire(plan, unit.record)
-            if token := handle.token():
-                ctx.redactor.add(token)  # an agent's logs could echo its bridge's environment
-            done.update(stack=handle.stack, endpoint=handle.endpoint)
-            unit.record.write_run(handle=handle.summary())
-        async with unit.phase("ready", UnitStatus.NOT_READY) as done:
-            report = await wait_ready(handle, provisioner.ready_timeout_s)
-            done.update(server_version=report.server_version, attempts=report.attempts)
-        async with handle.client() as client:
-            sandbox = task.bind(handle, client)
-            async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:
-                done["inputs_staged"] = await _stage_and_set_up(task, sandbox, unit.record)
-            async with unit.phase("agent", UnitStatus.AGENT_FAILED) as done:
-                started = time.monotonic()
-                result = await _run_agent(plan, ctx, handle, sandbox, unit.record, task.instruction)
-                unit.agent_s = time.monotonic() - started
-                done.update(ok=result.status == "completed", agent_status=result.status, error=result.error)
-            unit.error = result.error
-            # A unit whose agent failed is still graded (partial work counts); it keeps the agent's status.
-            agent_outcome = AGENT_OUTCOME[result.status]
-            fails_as = UnitStatus.EVAL_FAILED if agent_outcome is UnitStatus.SUCCEEDED else agent_outcome
-            async with unit.phase("evaluate", fails_as) as done:
-                done["score"] = unit.score = await _grade(task, sandbox, unit.record)
-            unit.status = agent_outcome
-            unit.record.event(
-                "outputs_pulled", files=await collect_dir(sandbox, sandbox.output_dir, unit.record.output_dir)
-            )
+        unit = _Unit(plan, ctx)
+        provisioner = ctx.provisioner()
+    except BaseException:
+        slot.give_back()
+        raise
+    try:
+        try:
+            await _work(unit, provisioner)
+        finally:
+            slot.give_back()  # the cleanup below runs outside the run's concurrency
     except asyncio.CancelledError:
         unit.interrupted()
         raise
     except Exception as exc:
         unit.failed(exc)
     finally:
-        outcome = await unit.release(provisioner, handle)
+        outcome = await unit.release(provisioner, unit.handle)
     return outcome
+
+
+class _Slot:
+    """A unit's place in the run's concurrency, given back once (or never taken when there is no bound)."""
+
+    def __init__(self, slots: asyncio.Semaphore | None) -> None:
+        self._slots = slots
+        self._held = False
+
+    async def take(self) -> None:
+        if self._slots is not None:
+            await self._slots.acquire()
+            self._held = True
+
+    def give_back(self) -> None:
+        if self._slots is not None and self._held:
+            self._held = False
+            self._slots.release()
+
+
+async def _work(unit: _Unit, provisioner: Provisioner) -> None:
+    """Everything of a unit but its release: load, provision, ready, setup, agent, evaluate, pull outputs."""
+    plan, ctx = unit.plan, unit.ctx
+    async with unit.phase("load", UnitStatus.SETUP_FAILED) as done:
+        try:
+            task = plan.task.for_unit()  # ALE's format: load() runs here, once per unit
+        except TaskDataMissingError:
+            unit.status = UnitStatus.TASK_DATA_MISSING
+            raise
+        done.update(task.describe())
+    async with unit.phase("provision", UnitStatus.PROVISION_FAILED) as done:
+        handle = unit.handle = await provisioner.acquire(plan, unit.record)
+        if token := handle.token():
+            ctx.redactor.add(token)  # an agent's logs could echo its bridge's environment
+        done.update(stack=handle.stack, endpoint=handle.endpoint)
+        unit.record.write_run(handle=handle.summary())
+    async with unit.phase("ready", UnitStatus.NOT_READY) as done:
+        report = await wait_ready(handle, provisioner.ready_timeout_s)
+        done.update(server_version=report.server_version, attempts=report.attempts)
+    async with handle.client() as client:
+        sandbox = task.bind(handle, client)
+        async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:
+            done["inputs_staged"] = await _stage_and_set_up(task, sandbox, unit.record)
+        async with unit.phase("agent", UnitStatus.AGENT_FAILED) as done:
+            started = time.monotonic()
+            result = await _run_agent(plan, ctx, handle, sandbox, unit.record, task.instruction)
+            unit.agent_s = time.monotonic() - started
+            done.update(ok=result.status == "completed", agent_status=result.status, error=result.error)
+        unit.error = result.error
+        # A unit whose agent failed is still graded (partial work counts); it keeps the agent's status.
+        agent_outcome = AGENT_OUTCOME[result.status]
+        fails_as = UnitStatus.EVAL_FAILED if agent_outcome is UnitStatus.SUCCEEDED else agent_outcome
+        async with unit.phase("evaluate", fails_as) as done:
+            done["score"] = unit.score = await _grade(task, sandbox, unit.record)
+        unit.status = agent_outcome
+        unit.record.event(
+            "outputs_pulled", files=await collect_dir(sandbox, sandbox.output_dir, unit.record.output_dir)
+        )
 
 
 async def _stage_and_set_up(task: UnitTask, sandbox: TaskSandbox, record: UnitRecord) -> int:

@@ -14,13 +14,11 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.engine import Engine, live_outputs
 from ale_iac.errors import AleIacError, one_line
-from ale_iac.paths import ale_home
 from ale_iac.profile import CleanupMode, Profile, StaticRoute
 from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
 from ale_iac.runner import leases
@@ -137,11 +135,6 @@ listed are leased as they are: ``static`` by design (ale-iac does not own those 
 and ``docker`` kinds for now (recreating their instances is not implemented)."""
 
 
-def dirty_marker(stack: str, unit: str) -> Path:
-    """Exists while a lease of the unit may have changed it and no reset has followed (beside its lock)."""
-    return ale_home() / "leases" / stack / f"{unit}.dirty"
-
-
 @dataclass(frozen=True)
 class Pool:
     """A pool stack's units, read from its outputs once per run."""
@@ -152,13 +145,15 @@ class Pool:
     default_snapshot: str | None = None
     """Served to a task that names no snapshot (else the pool must serve one snapshot only)."""
     ready_timeout_s: float = POOL_READY_TIMEOUT_S
+    records: leases.RecordStore | None = None
+    """Where lease records live, so runs of other homes and hosts sharing the backend see the leases."""
 
     @classmethod
     def read(cls, engine: Engine, stack: str) -> Pool:
         units = engine.units(stack)
         if not units:
             raise AleIacError(f"pool stack '{stack}' exports no units")
-        return cls(stack, units)
+        return cls(stack, units, records=leases.record_store(engine.backend_url))
 
     def units_for(self, snapshot: str | None) -> list[str]:
         """The units serving a task of ``snapshot``; a task naming none needs a pool of one snapshot."""
@@ -178,7 +173,7 @@ class Pool:
         return names
 
 
-def static_pool(profile: Profile) -> Pool | None:
+def static_pool(profile: Profile, backend_url: str | None = None) -> Pool | None:
     """A profile whose routes are all ``static`` as a pool without a stack: one unit per endpoint, so a
     run uses every endpoint, at most one unit on each at a time (None for any other profile)."""
     routes = profile.snapshots
@@ -203,7 +198,13 @@ def static_pool(profile: Profile) -> Pool | None:
                 labels={"profile": profile.name, "unit": name},
                 managed=False,
             )
-    return Pool(stack, units, default_snapshot=default, ready_timeout_s=profile.ready_timeout_s)
+    return Pool(
+        stack,
+        units,
+        default_snapshot=default,
+        ready_timeout_s=profile.ready_timeout_s,
+        records=leases.record_store(backend_url),
+    )
 
 
 @dataclass
@@ -220,6 +221,7 @@ class PoolProvisioner:
     stack: str | None = None
     lease: leases.Lease | None = None
     unit: UnitOutputs | None = None
+    record: UnitRecord | None = None
 
     @property
     def ready_timeout_s(self) -> float:
@@ -227,9 +229,12 @@ class PoolProvisioner:
 
     async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
         stack = self.pool.stack
-        self.lease = await leases.lease(stack, self.pool.units_for(plan.task.card.snapshot), self.lease_timeout_s)
+        self.record = record
+        self.lease = await leases.lease(
+            stack, self.pool.units_for(plan.task.card.snapshot), self.lease_timeout_s, self.pool.records
+        )
         self.unit = self.pool.units[self.lease.unit]
-        marker = dirty_marker(stack, self.lease.unit)
+        marker = leases.dirty_marker(stack, self.lease.unit, self.pool.records)
         if marker.exists() and self.unit.provider in UNIT_RESETS:
             self.unit = await blocking(UNIT_RESETS[self.unit.provider], self.unit)
             record.event("reset", stack=stack, unit=self.lease.unit, reason="the previous lease ended unreset")
@@ -242,7 +247,9 @@ class PoolProvisioner:
     async def release(self, status: UnitStatus, score: float | None = None) -> str:
         if self.lease is None:
             return NOTHING_TO_CLEAN
-        marker = dirty_marker(self.pool.stack, self.lease.unit)
+        marker = leases.dirty_marker(self.pool.stack, self.lease.unit, self.pool.records)
+        if self.lease.lost is not None and self.record is not None:
+            self.record.event("lease_lost", stack=self.pool.stack, unit=self.lease.unit, error=self.lease.lost)
         try:
             reset = UNIT_RESETS.get(self.unit.provider) if self.unit is not None else None
             if reset is None or self.unit is None:

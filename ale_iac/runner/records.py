@@ -1,7 +1,8 @@
 """Run records: one folder per unit, written as things happen, with secrets redacted everywhere.
 
 <run dir>/<unit id>/
-  run.json           config (secrets redacted), phase timings, status, score, stack, cleanup outcome
+  run.json           config (secrets redacted), phase timings, status, score, stack, cleanup outcome;
+                     for a ``local`` sandbox its ``limits`` and ``oom_kills`` (``runner/unit_limits.py``)
   events.jsonl       one JSON object per event, appended and flushed immediately
   trajectory.json    the agent's ATIF-compatible trajectory (+ screenshots/ next to it)
   eval_result.json   score and evaluation details (``details``: what ``evaluate`` returned beside the score)

@@ -182,13 +182,12 @@ async def _run_all(
 ) -> tuple[list[UnitOutcome], bool]:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=max(8, concurrency * 3), thread_name_prefix="ale"))
-    semaphore = asyncio.Semaphore(concurrency)
+    ctx.slots = asyncio.Semaphore(concurrency)
     results_path = ctx.run_dir / RESULTS
     outcomes: list[UnitOutcome] = []
 
     async def one(plan: UnitPlan) -> None:
-        async with semaphore:
-            outcome = await run_unit(plan, ctx)
+        outcome = await run_unit(plan, ctx)
         outcomes.append(outcome)
         progress.finish(outcome)
         if outcome.status is not UnitStatus.SUCCEEDED and outcome.error:
@@ -284,7 +283,7 @@ def run_experiment(
                 field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
                 raise ConfigError(task.folder / task.card_file, field, exc.detail) from None
         cleanup = spec.cleanup or profile.cleanup
-        pool = static_pool(profile)  # its endpoints are leased like a pool's units
+        pool = static_pool(profile, engine.backend_url)  # its endpoints are leased like a pool's units
         ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
 
     fingerprint = experiment.fingerprint()

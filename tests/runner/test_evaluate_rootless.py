@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.rootless import HostUser, rootless_user
+from tests.support.rootless import HostUser
 
 pytestmark = [
     pytest.mark.rootless,
@@ -21,7 +21,6 @@ pytestmark = [
     pytest.mark.xdist_group("evaluate"),
     pytest.mark.timeout(480),
 ]
-__all__ = ["rootless_user"]
 
 
 def test_the_demo_scores_one_as_a_normal_user(rootless_user: HostUser) -> None:

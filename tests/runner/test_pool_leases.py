@@ -15,7 +15,8 @@ from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.profile import PoolSpec, parse_profile
 from ale_iac.runner import leases, runner
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.provisioners import Pool, PoolProvisioner, dirty_marker
+from ale_iac.runner.leases import dirty_marker
+from ale_iac.runner.provisioners import Pool, PoolProvisioner
 from ale_iac.runner.status import UnitStatus
 from tests.support.tasks import make_preset, make_task
 
@@ -49,8 +50,7 @@ def _static(unit: str, snapshot: str = "s") -> UnitOutputs:
 
 def test_a_static_unit_is_leased_and_released_as_it_is_even_after_a_dead_holder() -> None:
     pool = Pool("st", {"u0": _static("u0")})
-    dirty_marker("st", "u0").parent.mkdir(parents=True)
-    dirty_marker("st", "u0").touch()  # a holder died: nothing to reset for a static unit
+    dirty_marker("st", "u0", None).touch()  # a holder died: nothing to reset for a static unit
 
     async def scenario() -> None:
         provisioner = PoolProvisioner(pool, lease_timeout_s=1)
@@ -59,7 +59,7 @@ def test_a_static_unit_is_leased_and_released_as_it_is_even_after_a_dead_holder(
         assert handle.endpoint == "http://127.0.0.1:9000" and record.events == ["leased"]
         assert leases.try_lease("st", ["u0"]) is None
         assert await provisioner.release(UnitStatus.SUCCEEDED, 1.0) == "lease released (unit not reset)"
-        assert not dirty_marker("st", "u0").exists()
+        assert not dirty_marker("st", "u0", None).exists()
         again = leases.try_lease("st", ["u0"])
         assert again is not None
         again.release()
@@ -100,7 +100,9 @@ def test_a_lease_takes_a_unit_of_the_task_snapshot() -> None:
 
 
 class _PoolEngine:
-    """An engine whose only stack is a pool of one ``ubuntu`` unit."""
+    """An engine whose only stack is a pool of one ``ubuntu`` unit (in a backend that keeps no lease records)."""
+
+    backend_url = None
 
     def units(self, stack: str) -> dict[str, UnitOutputs]:
         assert stack == "mixed"

@@ -11,7 +11,8 @@ import pytest
 from ale_iac.engine import Engine
 from ale_iac.infra.program import inline_program, pool_units
 from ale_iac.profile import PoolSpec, resolve_profile
-from ale_iac.runner.provisioners import Pool, PoolProvisioner, dirty_marker
+from ale_iac.runner.leases import dirty_marker
+from ale_iac.runner.provisioners import Pool, PoolProvisioner
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
@@ -84,9 +85,9 @@ async def _scenario(engine: Engine) -> None:
     first, handle_a, _ = await _lease(pool)
     await _leave_traces(handle_a)
     assert await _traces(handle_a) == ["file in home", "process", "clipboard"]
-    assert dirty_marker(POOL, "u0").exists()
+    assert dirty_marker(POOL, "u0", pool.records).exists()
     assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
-    assert not dirty_marker(POOL, "u0").exists()
+    assert not dirty_marker(POOL, "u0", pool.records).exists()
 
     second, handle_b, record_b = await _lease(pool)
     # The same unit and resource (a pool has one here), but a fresh sandbox: new endpoint and token.

@@ -232,7 +232,9 @@ def publish_for_users(folder: Path) -> Path:
 @pytest.fixture(scope="session")
 def rootless_user() -> Iterator[HostUser]:
     """A normal user that has unpacked the desktop image root published (into a folder of the session's),
-    removed at the end of the session with everything it made."""
+    removed at the end of the session with everything it made. A plugin of ``tests/conftest.py``, so one
+    user per worker session for every module (importing the fixture into a module would make one per module);
+    the tests using it run one at a time in a worker, and each leaves the user nothing running."""
     shared = Path(tempfile.mkdtemp(prefix="ale-iac-images-"))
     try:
         os.chmod(shared, 0o755)

@@ -20,10 +20,9 @@ import pytest
 
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.rootless import HostUser, rootless_user
+from tests.support.rootless import HostUser
 
 pytestmark = [pytest.mark.rootless, pytest.mark.engine, pytest.mark.timeout(300)]
-__all__ = ["rootless_user"]
 
 
 def ale_iac(user: HostUser, *args: str) -> tuple[int, str, str]:
