@@ -74,8 +74,15 @@ def main() -> None:
             engine.destroy(STACK)
     print(f"pool of {args.units} local unit(s), {args.leases} leases of a reset unit waiting in the pool")
     print(f"outputs read once per run: {read_s:.2f} s")
-    print(f"lease-to-ready s: median {statistics.median(ready):.3f}, max {max(ready):.3f} (target < 0.3)")
-    print(f"release (reset + ready) s: median {statistics.median(resets):.2f}, max {max(resets):.2f}")
+    print(f"lease-to-ready s: p50 {_p(ready, 50):.3f}, p95 {_p(ready, 95):.3f}, max {max(ready):.3f} (target < 0.3)")
+    print(f"reset of a local unit (new sandbox + ready) s: p50 {_p(resets, 50):.2f}, p95 {_p(resets, 95):.2f}")
+
+
+def _p(values: list[float], percent: int) -> float:
+    """The ``percent``-th percentile (inclusive method: within the values measured)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ale_iac.contract import UnitOutputs
@@ -205,13 +207,8 @@ def _collect_docker_units(
             if sandbox_id not in referenced and labels.get(stack_label) not in busy
         }
         for sandbox_id in sorted(stale):
-            if not dry_run:
-                try:
-                    docker_runtime.stop(sandbox_id, client)
-                except Exception as exc:
-                    report.errors.append(f"docker unit {sandbox_id}: {exc}")
-                    continue
-            report.sandboxes_stopped.append(sandbox_id)
+            stop = functools.partial(docker_runtime.stop, sandbox_id, client)
+            _remove(stop, f"docker unit {sandbox_id}", sandbox_id, report.sandboxes_stopped, dry_run, report)
     finally:
         client.close()
 
@@ -230,29 +227,29 @@ def _collect_qemu_units(
     for info in qemu_runtime.list_sandboxes():
         if info.sandbox_id in referenced or info.labels.get("stack") in busy:
             continue
-        if not dry_run:
-            try:
-                qemu_runtime.stop(info.sandbox_id)
-            except Exception as exc:
-                report.errors.append(f"qemu unit {info.sandbox_id}: {exc}")
-                continue
-        report.sandboxes_stopped.append(info.sandbox_id)
+        sandbox_id = info.sandbox_id
+        stop = functools.partial(qemu_runtime.stop, sandbox_id)
+        _remove(stop, f"qemu unit {sandbox_id}", sandbox_id, report.sandboxes_stopped, dry_run, report)
     for name in qemu_launcher.orphan_containers():
-        if not dry_run:
-            try:
-                qemu_launcher.remove_container_named(name)
-            except Exception as exc:
-                report.errors.append(f"qemu runner container {name}: {exc}")
-                continue
-        report.containers_removed.append(name)
+        remove_container = functools.partial(qemu_launcher.remove_container_named, name)
+        _remove(remove_container, f"qemu runner container {name}", name, report.containers_removed, dry_run, report)
     for build in qemu_saved.stale_builds():
-        if not dry_run:
-            try:
-                qemu_saved.remove_build(build)
-            except Exception as exc:
-                report.errors.append(f"qemu saved-state boot {build.name}: {exc}")
-                continue
-        report.sandboxes_stopped.append(build.name)
+        remove_build = functools.partial(qemu_saved.remove_build, build)
+        what = f"qemu saved-state boot {build.name}"
+        _remove(remove_build, what, build.name, report.sandboxes_stopped, dry_run, report)
+
+
+def _remove(
+    remove: Callable[[], object], what: str, name: str, done: list[str], dry_run: bool, report: GcReport
+) -> None:
+    """Run ``remove`` (unless ``dry_run``) and list ``name`` in ``done``; a failure goes to the report's errors."""
+    if not dry_run:
+        try:
+            remove()
+        except Exception as exc:
+            report.errors.append(f"{what}: {exc}")
+            return
+    done.append(name)
 
 
 def collect_containers(*, dry_run: bool, report: GcReport) -> None:
@@ -274,13 +271,9 @@ def collect_containers(*, dry_run: bool, report: GcReport) -> None:
         for container in docker_executor.containers_of_this_home(client):
             if container.owner_alive or container.id in units:
                 continue
-            if not dry_run:
-                try:
-                    docker_executor.remove_container(client, container.id)
-                except Exception as exc:
-                    report.errors.append(f"container {container.name}: {exc}")
-                    continue
-            report.containers_removed.append(container.name)
+            remove = functools.partial(docker_executor.remove_container, client, container.id)
+            what = f"container {container.name}"
+            _remove(remove, what, container.name, report.containers_removed, dry_run, report)
     finally:
         client.close()
 

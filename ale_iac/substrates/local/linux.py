@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+from collections.abc import Callable
 from typing import Final
 
 CLONE_NEWNS: Final = 0x00020000
@@ -121,32 +122,14 @@ def user_namespace(host_base: int, count: int) -> int:
     Returns an fd of it (``/proc/<pid>/ns/user`` of a short-lived child that made it). The caller
     must be root of the parent namespace. Call it before starting threads: it forks.
     """
-    made_r, made_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child only makes the namespace and waits to be told to exit
-        try:
-            os.close(made_r)
-            os.close(go_w)
-            unshare(CLONE_NEWUSER)
-            os.write(made_w, b"1")
-            os.read(go_r, 1)
-        finally:
-            os._exit(0)
-    os.close(made_w)
-    os.close(go_r)
-    try:
-        if os.read(made_r, 1) != b"1":
-            raise OSError("the child could not make a user namespace (unshare(CLONE_NEWUSER) failed)")
+
+    def write_maps(pid: int) -> None:
         mapping = f"0 {host_base} {count}\n"
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{pid}/{name}", "w") as handle:
                 handle.write(mapping)
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        os.close(made_r)
-        os.close(go_w)  # the child exits
-        os.waitpid(pid, 0)
+
+    return _new_user_namespace(write_maps)
 
 
 def own_user_namespace(uid: int, gid: int, subids: tuple[tuple[int, int], tuple[int, int]] | None = None) -> int:
@@ -158,6 +141,33 @@ def own_user_namespace(uid: int, gid: int, subids: tuple[tuple[int, int], tuple[
     alone: one line, its own ids, ``setgroups`` denied first. Returns an fd of the namespace; call it
     before starting threads (it forks).
     """
+
+    def write_maps(pid: int) -> None:
+        if subids is None:
+            for name, text in (("uid_map", f"0 {uid} 1\n"), ("setgroups", "deny"), ("gid_map", f"0 {gid} 1\n")):
+                with open(f"/proc/{pid}/{name}", "w") as handle:
+                    handle.write(text)
+            return
+        (uid_start, uid_count), (gid_start, gid_count) = subids
+        for tool, own, start, count in (
+            ("newuidmap", uid, uid_start, uid_count),
+            ("newgidmap", gid, gid_start, gid_count),
+        ):
+            done = subprocess.run(
+                [tool, str(pid), "0", str(own), "1", "1", str(start), str(count)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise OSError(f"{tool} failed: {(done.stderr or done.stdout).strip()}")
+
+    return _new_user_namespace(write_maps)
+
+
+def _new_user_namespace(write_maps: Callable[[int], None]) -> int:
+    """Fork a child that makes a user namespace and waits; ``write_maps(child pid)`` maps its ids; returns
+    an fd of the namespace (the child then exits)."""
     made_r, made_w = os.pipe()
     go_r, go_w = os.pipe()
     pid = os.fork()
@@ -175,24 +185,7 @@ def own_user_namespace(uid: int, gid: int, subids: tuple[tuple[int, int], tuple[
     try:
         if os.read(made_r, 1) != b"1":
             raise OSError("the child could not make a user namespace (unshare(CLONE_NEWUSER) failed)")
-        if subids is not None:
-            (uid_start, uid_count), (gid_start, gid_count) = subids
-            for tool, own, start, count in (
-                ("newuidmap", uid, uid_start, uid_count),
-                ("newgidmap", gid, gid_start, gid_count),
-            ):
-                done = subprocess.run(
-                    [tool, str(pid), "0", str(own), "1", "1", str(start), str(count)],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if done.returncode != 0:
-                    raise OSError(f"{tool} failed: {(done.stderr or done.stdout).strip()}")
-        else:
-            for name, text in (("uid_map", f"0 {uid} 1\n"), ("setgroups", "deny"), ("gid_map", f"0 {gid} 1\n")):
-                with open(f"/proc/{pid}/{name}", "w") as handle:
-                    handle.write(text)
+        write_maps(pid)
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(made_r)
