@@ -42,7 +42,7 @@ from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
 from ale_iac.executors.workdir import HostWorkDir
-from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
 from ale_iac.task import shell_quote
 
 _q = shell_quote
@@ -385,9 +385,22 @@ class _Mirror:
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.is_symlink():
                 dest.unlink()
-            if had is not None and size > had and dest.exists():
+            appending = had is not None and size > had and dest.exists()
+            try:
+                if appending:
+                    data = await client.read_bytes(f"{remote}/{rel}", offset=had or 0, length=size - (had or 0))
+                else:
+                    data = await client.read_bytes(f"{remote}/{rel}", length=size)
+            except ComputerServerError:
+                if await client.file_exists(f"{remote}/{rel}"):
+                    raise
+                # Gone since the listing (an agent's temp file, a SQLite -shm/-wal): the next sync
+                # copies it whole if it comes back.
+                self.sizes.pop(rel, None)
+                continue
+            if appending:
                 with dest.open("ab") as out:
-                    out.write(await client.read_bytes(f"{remote}/{rel}", offset=had, length=size - had))
+                    out.write(data)
             else:
-                dest.write_bytes(await client.read_bytes(f"{remote}/{rel}", length=size))
+                dest.write_bytes(data)
             self.sizes[rel] = size
