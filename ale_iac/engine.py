@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pulumi import automation as auto
-from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK is pinned (pyproject.toml)
+from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK is not pinned
 from pydantic import SecretStr
 
 from ale_iac import procs
