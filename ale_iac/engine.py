@@ -187,16 +187,22 @@ class Engine:
     def _stack(self, name: str, program: Program | None, create: bool) -> Iterator[auto.Stack]:
         check_stack_name(name)
         with self._workspace(name, program) as workspace:
-            try:
+            with self._errors(name, "stack select"):
                 opener = auto.Stack.create_or_select if create else auto.Stack.select
                 stack = opener(name, workspace)
-            except auto.StackNotFoundError:
-                raise StackNotFoundError(f"stack '{name}' does not exist in {self.backend_url}") from None
-            except auto.ConcurrentUpdateError as exc:
-                raise self._locked(name, exc) from None
-            except auto.CommandError as exc:
-                raise StackOperationError(name, "stack select", engine_message(exc)) from None
             yield stack
+
+    @contextlib.contextmanager
+    def _errors(self, name: str, operation: str) -> Iterator[None]:
+        """The SDK's errors of a CLI call as ours: not found, locked, or failed with the engine's own lines."""
+        try:
+            yield
+        except auto.StackNotFoundError:
+            raise StackNotFoundError(f"stack '{name}' does not exist in {self.backend_url}") from None
+        except auto.ConcurrentUpdateError as exc:
+            raise self._locked(name, exc) from None
+        except auto.CommandError as exc:
+            raise StackOperationError(name, operation, engine_message(exc)) from None
 
     def _locked(self, name: str, exc: BaseException) -> StackLockedError:
         return StackLockedError(
@@ -228,12 +234,8 @@ class Engine:
     # -- operations ----------------------------------------------------------------------------
 
     def _run(self, name: str, operation: str, call: Callable[[], Any]) -> Any:
-        try:
+        with self._errors(name, operation):
             return call()
-        except auto.ConcurrentUpdateError as exc:
-            raise self._locked(name, exc) from None
-        except auto.CommandError as exc:
-            raise StackOperationError(name, operation, engine_message(exc)) from None
 
     def up(self, name: str, program: Program, on_output: OutputSink | None = None) -> dict[str, Any]:
         """Create or update the stack; returns its outputs as plain values."""
@@ -252,10 +254,8 @@ class Engine:
         """
         check_stack_name(name)
         with self._workspace(name, program) as workspace:
-            try:
+            with self._errors(name, "stack init"):
                 stack = _NoReadbackStack(name, workspace, StackInitMode.CREATE)
-            except auto.CommandError as exc:
-                raise StackOperationError(name, "stack init", engine_message(exc)) from None
             sink = self._sink(name, "up", on_output)
             self._run(name, "up", lambda: stack.up(on_output=sink, on_error=sink))
 
@@ -278,14 +278,8 @@ class Engine:
         with self._workspace(name, None) as workspace:
             sink = self._sink(name, "destroy", on_output)
             args = ["destroy", "--yes", "--skip-preview", "--stack", name, *(["--remove"] if remove else [])]
-            try:
+            with self._errors(name, "destroy"):
                 self._command.run(args, workspace.work_dir, workspace.env_vars, sink, sink)
-            except auto.StackNotFoundError:
-                raise StackNotFoundError(f"stack '{name}' does not exist in {self.backend_url}") from None
-            except auto.ConcurrentUpdateError as exc:
-                raise self._locked(name, exc) from None
-            except auto.CommandError as exc:
-                raise StackOperationError(name, "destroy", engine_message(exc)) from None
 
     def outputs(self, name: str) -> dict[str, Any]:
         with self._stack(name, None, create=False) as stack:

@@ -20,7 +20,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.images import ensure_docker_image, require_image
 from ale_iac.infra import DeclareContext
-from ale_iac.infra.local import identity_labels, name_prefix, new_sandbox_id, sandbox_options
+from ale_iac.infra.local import identity_labels, name_prefix, new_sandbox_id, replace_on_change, sandbox_options
 from ale_iac.profile import DockerRoute
 
 PROVIDER_KIND = "docker"
@@ -92,8 +92,7 @@ class DockerSandboxProvider(ResourceProvider):
         return CreateResult(id_=state.sandbox_id, outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
-        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
+        return replace_on_change(INPUT_KEYS, olds, news)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from ale_iac.substrates.docker import runtime

@@ -114,8 +114,7 @@ class LocalSandboxProvider(ResourceProvider):
         return CreateResult(id_=state.sandbox_id, outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
-        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
+        return replace_on_change(INPUT_KEYS, olds, news)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from ale_iac.substrates.local import runtime as local_runtime
@@ -133,13 +132,24 @@ class LocalSandboxProvider(ResourceProvider):
 
 
 def _home_of(props: dict[str, Any]) -> Path | None:
-    """The ale-iac home the sandbox was created in, from its recorded state dir.
+    return home_of(props, "state_dir")
 
-    The provider process of a later ``destroy`` may run with another ``ALE_IAC_HOME``; the state
-    dir recorded at creation is where the sandbox really is.
+
+def home_of(props: dict[str, Any], folder_key: str) -> Path | None:
+    """The ale-iac home a host sandbox was created in, from the folder recorded at creation
+    (``<home>/<kind>/<id>``, under ``props[folder_key]``).
+
+    The provider process of a later ``destroy`` may run with another ``ALE_IAC_HOME``; the folder
+    recorded at creation is where the sandbox really is.
     """
-    state_dir = props.get("state_dir")
-    return Path(str(state_dir)).parent.parent if state_dir else None
+    folder = props.get(folder_key)
+    return Path(str(folder)).parent.parent if folder else None
+
+
+def replace_on_change(input_keys: Sequence[str], olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+    """A host sandbox cannot change in place: any changed input replaces it (the new one first)."""
+    changed = [key for key in input_keys if olds.get(key) != news.get(key)]
+    return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
 
 class LocalSandbox(Resource, module="ale", name="LocalSandbox"):

@@ -22,7 +22,14 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.images import require_image
 from ale_iac.infra import DeclareContext
-from ale_iac.infra.local import identity_labels, name_prefix, new_sandbox_id, sandbox_options
+from ale_iac.infra.local import (
+    home_of,
+    identity_labels,
+    name_prefix,
+    new_sandbox_id,
+    replace_on_change,
+    sandbox_options,
+)
 from ale_iac.profile import QemuRoute
 
 PROVIDER_KIND = "qemu"
@@ -104,8 +111,7 @@ class QemuSandboxProvider(ResourceProvider):
         return CreateResult(id_=state.sandbox_id, outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
-        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
+        return replace_on_change(INPUT_KEYS, olds, news)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from ale_iac.substrates.qemu import runtime
@@ -122,9 +128,7 @@ class QemuSandboxProvider(ResourceProvider):
 
 
 def _home_of(props: dict[str, Any]) -> Path | None:
-    """The ale-iac home the unit was made in (a later destroy may run with another ALE_IAC_HOME)."""
-    unit_dir = props.get("unit_dir")
-    return Path(str(unit_dir)).parent.parent if unit_dir else None
+    return home_of(props, "unit_dir")
 
 
 class QemuSandbox(Resource, module="ale", name="QemuSandbox"):
