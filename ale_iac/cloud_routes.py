@@ -92,6 +92,12 @@ class CloudRouteBase(BaseModel):
     paths: SandboxPaths | None = Field(
         default=None, description="Path conventions of the image; None uses the defaults of `os`."
     )
+    reset: Literal["recreate", "none"] = Field(
+        default="recreate",
+        description="How a pool unit gets back to a clean state between leases: 'recreate' (the pool stack "
+        "replaces its VM through the engine: a new instance from the image, pulumi up --replace), 'none' "
+        "(leased as it is). A VM cannot be restored in place.",
+    )
 
     @field_validator("allowed_source_ranges")
     @classmethod

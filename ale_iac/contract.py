@@ -24,6 +24,10 @@ UNITS_OUTPUT = "units"
 
 OsName = Literal["linux", "windows"]
 BulkTransport = Literal["http", "docker", "qemu"]
+ResetMode = Literal["restore", "recreate", "none"]
+"""How a pool unit gets back to its image's clean state between leases: ``restore`` (its substrate remakes
+it under the same id: local, docker, qemu), ``recreate`` (the pool stack replaces the unit's resources
+through the engine: ``pulumi up --replace``), ``none`` (leased as it is)."""
 
 ENDPOINT_TOKEN_ENV = "ALE_IAC_ENDPOINT_TOKEN"
 """Environment variable that carries an endpoint's bearer token to a process (a bridge, an agent's
@@ -162,6 +166,15 @@ class UnitOutputs(BaseModel):
         "unit guest's share, found by ``resource_id``).",
     )
     container_id: str | None = Field(default=None, description="The unit's container, for the 'docker' transport.")
+    reset: ResetMode | None = Field(
+        default=None,
+        description="How a pool unit is reset between leases (the route's ``reset``). None: a stack made before "
+        "the field existed; then the provider kind's substrate restores it where it can.",
+    )
+    reset_urns: list[str] = Field(
+        default_factory=list,
+        description="URNs of the unit's resources that a 'recreate' replaces (its VM, container or sandbox).",
+    )
 
     def token(self) -> str | None:
         """The endpoint's bearer token in clear (for a client or a bridge's environment)."""

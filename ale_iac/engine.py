@@ -369,23 +369,47 @@ def sweep_orphan_providers() -> list[int]:
 def live_outputs(unit: UnitOutputs) -> UnitOutputs:
     """A unit's handle with the endpoint and token its sandbox has now.
 
-    A ``local`` pool unit is reset between leases (``ale_iac.substrates.local.runtime.reset``): a fresh
-    sandbox under the same id, so the same Pulumi resource, but a new endpoint port and token, which
-    the stack's outputs (written at creation) do not know. Other kinds, and a sandbox that is gone,
-    keep the stack's values.
+    A pool unit of a host substrate is reset between leases by remaking it under the same id
+    (``ale_iac.runner.resets``), so the same Pulumi resource, but with a new endpoint port and token
+    (and, for ``docker``, a new container), which the stack's outputs (written at creation) do not know.
+    They are read from the substrate: ``local`` its state dir, ``docker`` the engine (the token from the
+    container's own file), ``qemu`` the unit folder. Other kinds, and a sandbox that is gone or was never
+    reset, keep the stack's values.
     """
-    if unit.provider != "local" or not unit.managed:
+    if not unit.managed:
         return unit
-    from ale_iac.substrates.local import runtime as local_runtime
-
+    update: dict[str, Any] = {}
     try:
-        state = local_runtime.load_state(unit.resource_id)
-        if state is None:
-            return unit
-        token = local_runtime.auth_token(state)
+        if unit.provider == "local":
+            from ale_iac.substrates.local import runtime as local_runtime
+
+            state = local_runtime.load_state(unit.resource_id)
+            if state is not None:
+                update = {"endpoint": state.endpoint, "endpoint_token": SecretStr(local_runtime.auth_token(state))}
+        elif unit.provider == "docker":
+            from docker.errors import DockerException
+
+            from ale_iac.substrates.docker import runtime as docker_runtime
+
+            try:
+                container = docker_runtime.current(unit.resource_id, known_container=unit.container_id)
+            except DockerException:
+                return unit
+            if container is not None:
+                update = {
+                    "endpoint": container.endpoint,
+                    "endpoint_token": SecretStr(container.token),
+                    "container_id": container.container_id,
+                }
+        elif unit.provider == "qemu":
+            from ale_iac.substrates.qemu import runtime as qemu_runtime
+
+            guest = qemu_runtime.current(unit.resource_id)
+            if guest is not None:
+                update = {"endpoint": guest[0], "endpoint_token": SecretStr(guest[1])}
     except (OSError, ValueError, AleIacError):
         return unit
-    return unit.model_copy(update={"endpoint": state.endpoint, "endpoint_token": SecretStr(token)})
+    return unit.model_copy(update=update) if update else unit
 
 
 class _NoReadbackStack(auto.Stack):

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
-from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, SandboxPaths, Shape
+from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
 from ale_iac.errors import ConfigError, read_yaml, validate
 from ale_iac.paths import project_root
 
@@ -40,6 +40,13 @@ class CleanupMode(StrEnum):
     RETAIN_ON_FAILURE = "retain-on-failure"
 
 
+HOST_RESET_DESCRIPTION = (
+    "How a pool unit of this route gets back to its image's clean state between leases: 'restore' (the "
+    "substrate remakes it under the same id), 'recreate' (the pool stack replaces its resource through the "
+    "engine: pulumi up --replace), 'none' (leased as it is)."
+)
+
+
 class LocalRoute(StrictModel):
     """A sandbox on this host: the image's rootfs run in Linux namespaces (bubblewrap)."""
 
@@ -52,6 +59,7 @@ class LocalRoute(StrictModel):
         default=4096, ge=64, le=4_194_304, description="Most tasks (processes and threads) alive in a sandbox at once."
     )
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
+    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
 class DockerRoute(StrictModel):
@@ -66,6 +74,7 @@ class DockerRoute(StrictModel):
     shm_gb: float = Field(default=1.0, gt=0, le=64, description="Size of /dev/shm.")
     ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry label: gc may reap it after this.")
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
+    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
 class QemuRoute(StrictModel):
@@ -89,6 +98,7 @@ class QemuRoute(StrictModel):
     shape: Shape = Field(
         default_factory=Shape, description="Default shape when a task gives none (guest vCPUs, memory)."
     )
+    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
 class StaticRoute(StrictModel):
@@ -99,6 +109,9 @@ class StaticRoute(StrictModel):
     image: str = Field(default="static", description="Label for records; nothing is provisioned.")
     os: OsName = "linux"
     paths: SandboxPaths = LINUX_DESKTOP_PATHS
+    reset: Literal["none"] = Field(
+        default="none", description="Static endpoints are not ale-iac's to remake: always 'none'."
+    )
 
     @model_validator(mode="after")
     def _check_endpoints(self) -> StaticRoute:

@@ -1,11 +1,13 @@
-"""Pool leases: lease-to-ready of a reset unit waiting in a pool, and what the reset between leases costs.
+"""Pool leases: lease-to-ready of a reset unit waiting in a pool, and what the reset between leases costs,
+per substrate.
 
-Brings up a pool stack of local units (as ``pulumi up`` on ``stacks/Pulumi.local.yaml`` does, inline),
-reads its outputs once (as a run does), then repeats: lease a unit and wait until its computer-server
-answers (timed: lease-to-ready, target < 0.3 s), release it (timed apart: the reset to a fresh sandbox
-and its readiness, which happen before the lease is free). Destroys the pool at the end.
+Brings up a pool stack of units of one substrate (as ``pulumi up`` on ``stacks/Pulumi.<substrate>.yaml``
+does, inline), reads its outputs once (as a run does), then repeats: lease a unit and wait until its
+computer-server answers (timed: lease-to-ready, target < 0.3 s), release it (timed apart: the reset to a
+fresh sandbox, container or restored guest and its readiness, which happen before the lease is free).
+Destroys the pool at the end.
 
-    .venv/bin/python bench/bench_pool.py [--units 1] [--leases 5]
+    .venv/bin/python bench/bench_pool.py [--substrate local|docker|qemu] [--units 1] [--leases 5]
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ class _Record:
         del name, fields
 
 
-async def _cycles(pool: Pool, leases: int) -> tuple[list[float], list[float]]:
+async def _cycles(pool: Pool, leases: int) -> tuple[list[float], list[float], list[float]]:
     plan: Any = SimpleNamespace(task=SimpleNamespace(card=SimpleNamespace(snapshot=None)))
+    leased: list[float] = []
     ready: list[float] = []
     resets: list[float] = []
     for _ in range(leases):
         provisioner = PoolProvisioner(pool, lease_timeout_s=60)
         start = time.perf_counter()
         handle = await provisioner.acquire(plan, _Record())
+        leased.append(time.perf_counter() - start)
         await wait_ready(handle, provisioner.ready_timeout_s)
         ready.append(time.perf_counter() - start)
         start = time.perf_counter()
@@ -50,18 +54,19 @@ async def _cycles(pool: Pool, leases: int) -> tuple[list[float], list[float]]:
         resets.append(time.perf_counter() - start)
         if outcome != "unit reset, lease released":
             raise SystemExit(f"release: {outcome}")
-    return ready, resets
+    return leased, ready, resets
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--substrate", choices=("local", "docker", "qemu"), default="local")
     parser.add_argument("--units", type=int, default=1)
     parser.add_argument("--leases", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
         engine = Engine()
-        profile = resolve_profile("local").profile
+        profile = resolve_profile(args.substrate).profile
         engine.up(STACK, inline_program(profile, pool_units(PoolSpec(units=args.units), STACK), STACK))
         try:
             start = time.perf_counter()
@@ -69,13 +74,18 @@ def main() -> None:
             read_s = time.perf_counter() - start
             # The first lease of a fresh pool: its sandbox may still be booting; not counted.
             asyncio.run(_cycles(pool, 1))
-            ready, resets = asyncio.run(_cycles(pool, args.leases))
+            leased, ready, resets = asyncio.run(_cycles(pool, args.leases))
         finally:
             engine.destroy(STACK)
-    print(f"pool of {args.units} local unit(s), {args.leases} leases of a reset unit waiting in the pool")
+    print(f"pool of {args.units} {args.substrate} unit(s), {args.leases} leases of a reset unit waiting in the pool")
     print(f"outputs read once per run: {read_s:.2f} s")
     print(f"lease-to-ready s: p50 {_p(ready, 50):.3f}, p95 {_p(ready, 95):.3f}, max {max(ready):.3f} (target < 0.3)")
-    print(f"reset of a local unit (new sandbox + ready) s: p50 {_p(resets, 50):.2f}, p95 {_p(resets, 95):.2f}")
+    print(f"  of which the lease (lock, current endpoint, token) s: p50 {_p(leased, 50):.3f}, p95 {_p(leased, 95):.3f}")
+    made = {"local": "new sandbox", "docker": "new container", "qemu": "restored guest"}[args.substrate]
+    print(
+        f"reset of a {args.substrate} unit ({made} + ready) s: p50 {_p(resets, 50):.2f}, p95 {_p(resets, 95):.2f}, "
+        f"max {max(resets):.2f}"
+    )
 
 
 def _p(values: list[float], percent: int) -> float:

@@ -90,3 +90,42 @@ def test_static_endpoints_must_be_base_urls(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="is not a base URL"):
         load_profile_file(path)
+
+
+def test_reset_defaults_per_provider_kind(tmp_path: Path) -> None:
+    """restore for the host substrates, recreate for the clouds, none for static endpoints."""
+    cloud = "allowed_source_ranges: ['198.51.100.0/24'], image: img"
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n"
+        "      l: {provider: local}\n      d: {provider: docker}\n      q: {provider: qemu}\n"
+        "      s: {provider: static, endpoints: ['http://127.0.0.1:8000']}\n"
+        f"      g: {{provider: gcloud, project: p, zone: us-central1-a, {cloud}}}\n"
+        f"      a: {{provider: aws, region: us-east-1, {cloud}}}\n"
+        f"      y: {{provider: aliyun, region: cn-hangzhou, vpc_id: v, vswitch_id: w, {cloud}}}\n",
+    )
+    snapshots = load_profile_file(path).profile.snapshots
+    resets = {name: getattr(route, "reset", None) for name, route in snapshots.items()}
+    assert resets == {"l": "restore", "d": "restore", "q": "restore", "s": "none"} | dict.fromkeys("gay", "recreate")
+
+
+@pytest.mark.parametrize(
+    ("route", "fragment"),
+    [
+        ("{provider: local, reset: reboot}", "'restore', 'recreate' or 'none'"),
+        ("{provider: docker, reset: true}", "'restore', 'recreate' or 'none'"),
+        ("{provider: static, endpoints: ['http://127.0.0.1:8000'], reset: recreate}", "'none'"),
+        (
+            "{provider: gcloud, project: p, zone: us-central1-a, image: i, allowed_source_ranges: ['10.0.0.0/8'], "
+            "reset: restore}",
+            "'recreate' or 'none'",
+        ),
+    ],
+)
+def test_a_bad_reset_names_the_field_and_the_file(tmp_path: Path, route: str, fragment: str) -> None:
+    path = _write(tmp_path, f"config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {route}\n")
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ale-iac:profile.snapshots.s.") and ".reset" in message, message
+    assert fragment in message and "\n" not in message

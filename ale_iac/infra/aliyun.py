@@ -175,6 +175,7 @@ class AliyunUnit(pulumi.ComponentResource):
             region=route.region,
             address=instance.public_ip if public else instance.private_ip,
             resource_id=instance.id,
+            reset_urn=instance.urn,
             resource_labels=instance.tags,
             labels=labels,
             depends_on=self.rules,

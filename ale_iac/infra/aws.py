@@ -173,6 +173,7 @@ class AwsUnit(pulumi.ComponentResource):
             region=route.availability_zone or route.region,
             address=instance.public_ip if public else instance.private_ip,
             resource_id=instance.id,
+            reset_urn=instance.urn,
             resource_labels=instance.tags,
             labels=tags,
             depends_on=self.rules,

@@ -390,20 +390,22 @@ def unit_handle(
     resource_id: pulumi.Output[Any],
     resource_labels: pulumi.Output[Any],
     labels: Mapping[str, str],
+    reset_urn: pulumi.Output[str],
     depends_on: Sequence[pulumi.CustomResource] = (),
 ) -> pulumi.Output[dict[str, Any]]:
     """The unit's ``UnitOutputs`` dict, validated by the contract model when the values resolve.
 
     ``expires_at`` comes from the labels in the resource's state (see the module docstring). The
     handle also waits for ``depends_on`` (the unit's firewall rules / security group): an endpoint
-    is only usable once the rules that let the runner reach it exist.
+    is only usable once the rules that let the runner reach it exist. ``reset_urn`` is the VM's URN:
+    what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay).
     """
     import pulumi
 
     paths = paths_for(route)
 
     def build(values: list[Any]) -> dict[str, Any]:
-        ip, rid, state_labels = values[:3]
+        ip, rid, state_labels, urn = values[:4]
         final_labels = {str(k): str(v) for k, v in (state_labels or labels).items()}
         expiry = final_labels.get(LABEL_EXPIRY) or labels[LABEL_EXPIRY]
         handle = UnitOutputs(
@@ -420,7 +422,9 @@ def unit_handle(
             labels=final_labels,
             expires_at=expiry_label_to_iso(expiry) or expiry,
             managed=True,
+            reset=route.reset,
+            reset_urns=[str(urn)],
         )
         return handle.model_dump()
 
-    return pulumi.Output.all(address, resource_id, resource_labels, *(r.id for r in depends_on)).apply(build)
+    return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, *(r.id for r in depends_on)).apply(build)

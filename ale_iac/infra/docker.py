@@ -149,7 +149,7 @@ def declare_unit(
     sandbox = DockerSandbox(unit.name, props)
 
     def handle(values: list[Any]) -> dict[str, Any]:
-        endpoint, token, sandbox_id, container_id, expires_at = values
+        endpoint, token, sandbox_id, container_id, expires_at, urn = values
         return UnitOutputs(
             unit=unit.name,
             provider=PROVIDER_KIND,
@@ -165,9 +165,16 @@ def declare_unit(
             managed=True,
             transport="docker",
             container_id=None if container_id is None else str(container_id),
+            reset=route.reset,
+            reset_urns=[str(urn)],
         ).to_output()
 
     result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(
-        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id, sandbox.container_id, sandbox.expires_at
+        sandbox.endpoint,
+        sandbox.endpoint_token,
+        sandbox.sandbox_id,
+        sandbox.container_id,
+        sandbox.expires_at,
+        sandbox.urn,
     ).apply(handle)
     return result

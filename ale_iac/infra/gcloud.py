@@ -218,6 +218,7 @@ class GcloudUnit(pulumi.ComponentResource):
             region=route.zone,
             address=address,
             resource_id=instance.id,
+            reset_urn=instance.urn,
             resource_labels=instance.labels,
             labels=labels,
             depends_on=self.rules,

@@ -217,7 +217,7 @@ def declare_unit(
     sandbox = LocalSandbox(unit.name, props)
 
     def handle(values: list[Any]) -> dict[str, Any]:
-        endpoint, token, sandbox_id, gateway_socket, gateway_url = values
+        endpoint, token, sandbox_id, gateway_socket, gateway_url, urn = values
         channel = HostChannel(host_socket=gateway_socket, sandbox_url=gateway_url) if gateway_socket else None
         return UnitOutputs(
             unit=unit.name,
@@ -232,10 +232,17 @@ def declare_unit(
             paths=LINUX_DESKTOP_PATHS,
             labels=labels,
             managed=True,
+            reset=route.reset,
+            reset_urns=[str(urn)],
         ).to_output()
 
     # The handle carries the token, so the whole output is secret (Output.all keeps secretness).
     result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(
-        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id, sandbox.gateway_socket, sandbox.gateway_url
+        sandbox.endpoint,
+        sandbox.endpoint_token,
+        sandbox.sandbox_id,
+        sandbox.gateway_socket,
+        sandbox.gateway_url,
+        sandbox.urn,
     ).apply(handle)
     return result

@@ -169,7 +169,7 @@ def declare_unit(unit: UnitSpec, snapshot: str, route: QemuRoute, ctx: DeclareCo
     sandbox = QemuSandbox(unit.name, props)
 
     def handle(values: list[Any]) -> dict[str, Any]:
-        endpoint, token, sandbox_id, expires_at = values
+        endpoint, token, sandbox_id, expires_at, urn = values
         return UnitOutputs(
             unit=unit.name,
             provider=PROVIDER_KIND,
@@ -184,9 +184,11 @@ def declare_unit(unit: UnitSpec, snapshot: str, route: QemuRoute, ctx: DeclareCo
             expires_at=None if expires_at is None else str(expires_at),
             managed=True,
             transport="qemu",
+            reset=route.reset,
+            reset_urns=[str(urn)],
         ).to_output()
 
     result: pulumi.Output[dict[str, Any]] = pulumi.Output.all(
-        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id, sandbox.expires_at
+        sandbox.endpoint, sandbox.endpoint_token, sandbox.sandbox_id, sandbox.expires_at, sandbox.urn
     ).apply(handle)
     return result

@@ -35,4 +35,5 @@ def declare_unit(unit: UnitSpec, snapshot: str, route: StaticRoute, ctx: Declare
         "labels": {"stack": ctx.stack, "unit": unit.name, "profile": ctx.profile, **unit.labels},
         "expires_at": None,
         "managed": False,
+        "reset": route.reset,
     }

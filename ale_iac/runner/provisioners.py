@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ale_iac.contract import UnitOutputs, UnitSpec
-from ale_iac.engine import Engine, live_outputs
+from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.profile import CleanupMode, Profile, StaticRoute
 from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
@@ -25,10 +25,10 @@ from ale_iac.runner import leases
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.records import UnitRecord
 from ale_iac.runner.registry import RunRegistry
+from ale_iac.runner.resets import current_outputs, reset_of
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
-from ale_iac.substrates.local import runtime as local_runtime
 
 T = TypeVar("T")
 POOL_READY_TIMEOUT_S = 120.0
@@ -121,18 +121,6 @@ class StackProvisioner:
             return f"destroy failed: {one_line(exc)} (run: ale-iac gc)"
         self.registry.release(self.stack)
         return "destroyed" if existed else "no stack was created"
-
-
-def _reset_local(unit: UnitOutputs) -> UnitOutputs:
-    local_runtime.reset(unit.resource_id)
-    return live_outputs(unit)
-
-
-UNIT_RESETS: dict[str, Callable[[UnitOutputs], UnitOutputs]] = {"local": _reset_local}
-"""How a pool unit of each provider kind gets back to its image's clean state between leases (returns
-its handle then). ``local``: a fresh sandbox under the same id (new endpoint port and token). Kinds not
-listed are leased as they are: ``static`` by design (ale-iac does not own those endpoints), the cloud
-and ``docker`` kinds for now (recreating their instances is not implemented)."""
 
 
 @dataclass(frozen=True)
@@ -235,11 +223,13 @@ class PoolProvisioner:
         )
         self.unit = self.pool.units[self.lease.unit]
         marker = leases.dirty_marker(stack, self.lease.unit, self.pool.records)
-        if marker.exists() and self.unit.provider in UNIT_RESETS:
-            self.unit = await blocking(UNIT_RESETS[self.unit.provider], self.unit)
+        reset = reset_of(stack, self.unit)  # ale_iac/runner/resets.py: restore, recreate or none
+        if marker.exists() and reset is not None:
+            self.unit = await blocking(reset, self.unit)
             record.event("reset", stack=stack, unit=self.lease.unit, reason="the previous lease ended unreset")
         else:
-            self.unit = live_outputs(self.unit)  # a reset since the run read the outputs moved its endpoint
+            # A reset since the run read the outputs moved its endpoint.
+            self.unit = await blocking(current_outputs, stack, self.unit)
         marker.touch()
         record.event("leased", stack=stack, unit=self.lease.unit)
         return SandboxHandle.from_outputs(stack, self.unit)
@@ -251,7 +241,7 @@ class PoolProvisioner:
         if self.lease.lost is not None and self.record is not None:
             self.record.event("lease_lost", stack=self.pool.stack, unit=self.lease.unit, error=self.lease.lost)
         try:
-            reset = UNIT_RESETS.get(self.unit.provider) if self.unit is not None else None
+            reset = reset_of(self.pool.stack, self.unit) if self.unit is not None else None
             if reset is None or self.unit is None:
                 marker.unlink(missing_ok=True)
                 return "lease released (unit not reset)"

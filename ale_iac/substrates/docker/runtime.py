@@ -23,6 +23,11 @@ run, profile and expiry), so that :func:`stop` and ``ale-iac gc`` find every one
   request only with the unit's bearer token. The token is made here and copied in the same way (0600): it
   is in no environment variable, command line, label or other configuration ``docker inspect`` shows.
 
+The container's ``ale-iac.spec`` label is the unit's spec (image, screen, limits, labels, expiry; no token):
+:func:`reset` reads it to remake a pool unit under the same id, and :func:`current` reads the endpoint and
+the token a reset gave it (the port from the engine, the token from the container's own file, through the
+archive API: never an environment variable or a command line).
+
 Limits come from the shape: ``vcpus`` as a CPU quota (``NanoCpus``), ``memory_gb`` as memory with no swap
 on top, ``shm_gb`` as ``/dev/shm``, ``pids_limit``; no privileged mode, no added capability (six of the
 engine's defaults dropped: the set left is the local substrate's), ``no-new-privileges``, the engine's
@@ -36,6 +41,7 @@ import contextlib
 import dataclasses
 import io
 import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -60,6 +66,8 @@ KIND = "sandbox"
 LABEL_SANDBOX = f"{LABEL}sandbox"
 LABEL_HOME = f"{LABEL}home"
 LABEL_EXPIRES = f"{LABEL}expires"
+LABEL_SPEC = f"{LABEL}spec"
+"""On the container only: its :class:`DockerSandboxSpec` as JSON (what :func:`reset` starts again)."""
 IDENTITY_LABELS = ("stack", "unit", "run", "profile")
 """Unit labels that become ``ale-iac.<name>`` labels of its engine objects."""
 
@@ -112,6 +120,15 @@ class DockerSandboxSpec:
     pids_limit: int = DEFAULT_PIDS_LIMIT
     labels: dict[str, str] = field(default_factory=dict)
     expires_at: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DockerSandboxSpec:
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 @dataclass(frozen=True)
@@ -344,7 +361,7 @@ def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> Docker
                 command=_command(spec),
                 entrypoint=[],
                 name=container_name(spec.sandbox_id),
-                labels=labels,
+                labels={**labels, LABEL_SPEC: spec.to_json()},
                 network=network,
                 ports=PUBLISH,
                 volumes=volumes,
@@ -371,6 +388,57 @@ def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> Docker
     if state is None:
         raise DockerSubstrateError(f"docker unit {spec.sandbox_id} exited at once; see `docker logs`")
     return dataclasses.replace(state, limits=limits)
+
+
+def reset(sandbox_id: str, engine: DockerClient | None = None) -> DockerSandboxState:
+    """Replace a unit by a fresh one of the same spec under the same id (a pool unit between leases).
+
+    Nothing of the old one survives: :func:`stop` removes its container (the writable layer, every
+    process, the X display and so its clipboard and windows), its network and its four volumes (the home
+    among them); :func:`start` makes them all anew, with a new host port, subnet and token. The id, and so
+    the Pulumi resource that owns it, stay the same.
+    """
+    with _engine(engine) as docker_engine:
+        found = docker_engine.containers.list(
+            all=True, filters={"label": [f"{LABEL_SANDBOX}={sandbox_id}", f"{LABEL_KIND}={KIND}"]}
+        )
+        if not found:
+            raise DockerSubstrateError(f"docker unit {sandbox_id} does not exist: nothing to reset")
+        recorded = found[0].labels.get(LABEL_SPEC)
+        if not recorded:
+            raise DockerSubstrateError(
+                f"docker unit {sandbox_id} records no spec (made before pool resets existed); replace it with "
+                "pulumi up --replace"
+            )
+        spec = DockerSandboxSpec.from_json(recorded)
+        _remove_all(docker_engine, sandbox_id)
+        return start(spec, docker_engine)
+
+
+def current(
+    sandbox_id: str, known_container: str | None = None, engine: DockerClient | None = None
+) -> DockerSandboxState | None:
+    """The unit's container as it is now, with its endpoint and token; None when it is gone, or when it
+    is still ``known_container`` (then what the stack recorded at creation is still right).
+
+    The token is read from the container's own file with the archive API (the engine's socket only)."""
+    from docker.errors import NotFound
+
+    with _engine(engine) as docker_engine:
+        try:
+            container = docker_engine.containers.get(container_name(sandbox_id))
+        except NotFound:
+            return None
+        if container.labels.get(LABEL_SANDBOX) != sandbox_id or container.id == known_container:
+            return None
+        stream, _stat = docker_engine.api.get_archive(str(container.id), f"{ALE_DIR}/{TOKEN_FILE}")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            source = tar.extractfile(member) if member is not None else None
+            token = source.read().decode().strip() if source is not None else ""
+        if not token:
+            raise DockerSubstrateError(f"docker unit {sandbox_id} has no endpoint token")
+        return _state_of(docker_engine, container, token)
 
 
 def _state_of(engine: DockerClient, container: Container, token: str) -> DockerSandboxState | None:

@@ -9,12 +9,19 @@ A unit is one QEMU process (on the host, or in the runner container: :mod:`launc
   qcow2 export itself (cold-booted units);
 * ``qmp.sock`` (QMP), ``agent.sock`` (the guest agent's channel), ``serial.log`` (the guest console);
 * ``share/``: the guest share (9p), mounted in the guest at ``/mnt/ale-share`` (the bulk transport).
+* ``token`` (0600), only for a unit remade by a pool reset (:func:`reset`): its token, which :func:`current`
+  reads, because the lease that uses it may be another process than the one that reset it.
 
 The endpoint is the guest's authenticating forwarder (the local and docker substrates' ``authproxy``),
 reached through QEMU's one port forward on the host's 127.0.0.1; the guest has user-mode networking with
 ``restrict=on``, so it reaches nothing else. The token goes to the guest over the agent channel (a 0600
 socket in the 0700 folder) and lives in the guest agent's memory only (the forwarder runs in that process);
-it is on no command line and in no file, here or in the guest.
+it is on no command line and in no file of the guest; on the host, only a reset unit's ``token`` holds it.
+
+``unit.json`` keeps the unit's spec, so that :func:`reset` can remake a pool unit between leases under the
+same id: the guest is stopped and its folder deleted (memory, overlay, share: nothing of a task survives),
+then the unit is restored again from the saved memory state onto a fresh overlay, with a new token,
+machine-id, random seed and port (the hostname is the sandbox id, so it stays).
 
 A restored unit gets, before it answers anything, its own clock (the host's, sent as it resumes), its own
 hostname (the sandbox id) and machine-id, a fresh seed for the guest kernel's random pool (also reseeded
@@ -56,6 +63,7 @@ from ale_iac.substrates.qemu.qmp import AgentChannel, Qmp
 from ale_iac.substrates.qemu.saved import BOOT_TIMEOUT_S, ensure_saved_state
 
 UNIT_FILE = "unit.json"
+TOKEN_FILE = "token"
 SHARE = "share"
 RESTORE_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 120.0
@@ -76,6 +84,18 @@ class QemuSandboxSpec:
     runner_image: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     expires_at: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(disk=str(self.disk), kernel=str(self.kernel), initrd=str(self.initrd))
+        return data
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> QemuSandboxSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {key: value for key, value in data.items() if key in known}
+        fields.update(disk=Path(data["disk"]), kernel=Path(data["kernel"]), initrd=Path(data["initrd"]))
+        return cls(**fields)
 
     def machine(self) -> Machine:
         return Machine(
@@ -147,9 +167,12 @@ def _launched_of(record: dict[str, Any]) -> Launched:
     return Launched(runner=record.get("runner", "host"), pid=record.get("pid"), container_id=record.get("container_id"))
 
 
-def start(spec: QemuSandboxSpec, log: Callable[[str], None] | None = None) -> QemuSandboxState:
+def start(
+    spec: QemuSandboxSpec, log: Callable[[str], None] | None = None, *, keep_token: bool = False
+) -> QemuSandboxState:
     """Start a unit guest and give it its identity; returns once its forwarder listens in the guest (the
-    endpoint answers through QEMU's forward right after). Whatever was made is removed on failure."""
+    endpoint answers through QEMU's forward right after). Whatever was made is removed on failure.
+    ``keep_token``: also write the token to the unit's ``token`` file (a reset unit's, for :func:`current`)."""
     started = time.monotonic()
     unit_dir = unit_dir_of(spec.sandbox_id)
     units_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -165,6 +188,7 @@ def start(spec: QemuSandboxSpec, log: Callable[[str], None] | None = None) -> Qe
         "vcpus": machine.vcpus,
         "memory_mb": machine.memory_mb,
         "owner_pid": os.getpid(),
+        "spec": spec.to_record(),
     }
     _write_record(unit_dir, record)
     try:
@@ -209,6 +233,10 @@ def start(spec: QemuSandboxSpec, log: Callable[[str], None] | None = None) -> Qe
             agent.close()
         if not alive(launched, unit_dir):
             raise QemuSubstrateError(f"QEMU exited: {log_tail(launched, unit_dir)}")
+        if keep_token:
+            fd = os.open(unit_dir / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(str(identity["token"]))
     except BaseException as exc:
         with contextlib.suppress(Exception):
             stop(spec.sandbox_id)
@@ -230,6 +258,38 @@ def start(spec: QemuSandboxSpec, log: Callable[[str], None] | None = None) -> Qe
         machine_id=str(identity["machine_id"]),
         seconds_to_ready=round(time.monotonic() - (launch_at if incoming is not None else started), 3),
     )
+
+
+def reset(sandbox_id: str, log: Callable[[str], None] | None = None) -> QemuSandboxState:
+    """Replace a unit by a fresh one of the same spec under the same id (a pool unit between leases): its
+    QEMU stopped and its folder deleted, then restored from the saved state onto a new overlay with a new
+    identity and port (read them from the returned state, or later with :func:`current`)."""
+    unit_dir = unit_dir_of(sandbox_id)
+    if not unit_dir.is_dir():
+        raise QemuSubstrateError(f"qemu unit {sandbox_id} does not exist ({unit_dir}): nothing to reset")
+    recorded = _read_record(unit_dir).get("spec")
+    if not isinstance(recorded, dict):
+        raise QemuSubstrateError(
+            f"qemu unit {sandbox_id} records no spec (made before pool resets existed); replace it with "
+            "pulumi up --replace"
+        )
+    spec = QemuSandboxSpec.from_record(recorded)
+    stop(sandbox_id)
+    return start(spec, log, keep_token=True)
+
+
+def current(sandbox_id: str, home: Path | None = None) -> tuple[str, str] | None:
+    """(endpoint, token) of a unit a reset remade; None for one that was never reset (what the stack
+    recorded at its creation is still right) or that is gone."""
+    unit_dir = unit_dir_of(sandbox_id, home)
+    try:
+        token = (unit_dir / TOKEN_FILE).read_text().strip()
+    except OSError:
+        return None
+    port = _read_record(unit_dir).get("host_port")
+    if not token or not isinstance(port, int):
+        return None
+    return f"http://127.0.0.1:{port}", token
 
 
 def _resume(unit_dir: Path, launched: Launched) -> None:

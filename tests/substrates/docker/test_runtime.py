@@ -113,6 +113,28 @@ def test_the_token_is_in_no_configuration_the_engine_shows(unit: DockerSandboxSt
     )
 
 
+def test_the_container_keeps_its_spec_and_current_reads_its_endpoint_and_token(
+    unit: DockerSandboxState, docker_image: str
+) -> None:
+    """What a pool reset needs: the spec to start again (no token in it), and the endpoint and token read back."""
+    client = runtime.client()
+    try:
+        recorded = client.containers.get(unit.container_id).labels[runtime.LABEL_SPEC]
+    finally:
+        client.close()
+    spec = DockerSandboxSpec.from_json(recorded)
+    assert spec.sandbox_id == unit.sandbox_id and spec.image == docker_image and spec.pids_limit == 300
+    assert spec.labels["stack"] == "pytest-docker" and unit.token not in recorded
+    assert runtime.current(unit.sandbox_id, known_container=unit.container_id) is None  # the stack's is right
+    now = runtime.current(unit.sandbox_id)
+    assert now is not None and (now.container_id, now.endpoint, now.token) == (
+        unit.container_id,
+        unit.endpoint,
+        unit.token,
+    )
+    assert runtime.current("no-such-unit") is None
+
+
 def test_the_endpoint_is_published_on_loopback_only(unit: DockerSandboxState, docker_engine: None) -> None:
     bindings = runtime.inspect_limits(unit.container_id)["PortBindings"]
     assert [b["HostIp"] for b in bindings[f"{runtime.PROXY_PORT}/tcp"]] == ["127.0.0.1"]

@@ -1,0 +1,109 @@
+"""``reset: recreate``: a pool unit recreated between leases through the real Pulumi engine (``pulumi up
+--replace URN --target URN`` with the pool's own program, Pulumi.yaml and its stack file), here on a local
+unit (cloud plugins cannot be installed here; the clouds' default is checked under mocks in test_resets.py).
+Nothing of one task is visible to the next, also after a holder died; nothing is left afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ale_iac.engine import Engine
+from ale_iac.runner.provisioners import Pool
+from ale_iac.runner.status import UnitStatus
+from ale_iac.substrates.local import runtime as local_runtime
+from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(480)]
+
+REPO = Path(__file__).resolve().parents[2]
+POOL = "pool-recreate"
+PROFILE = f"""config:
+  ale-iac:profile:
+    name: {POOL}
+    default_snapshot: cpu-free-ubuntu
+    ready_timeout_s: 120
+    snapshots:
+      cpu-free-ubuntu:
+        provider: local
+        image: desktop
+        reset: recreate
+        shape: {{vcpus: 1, memory_gb: 2}}
+  ale-iac:pool:
+    units: 1
+"""
+
+
+def _pulumi(engine: Engine, project: Path, *args: str) -> str:
+    out = subprocess.run(
+        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
+        env={**os.environ, **engine.env_vars()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_a_recreate_pool_unit_is_a_new_resource_at_each_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine()
+    if engine.toolchain.language_host is None:
+        pytest.fail("pulumi-language-python is missing: scripts/setup.sh installs it")
+    project = tmp_path / "project"
+    (project / "stacks").mkdir(parents=True)
+    for name in ("Pulumi.yaml", "__main__.py"):
+        (project / name).write_text((REPO / name).read_text())
+    (project / "stacks" / f"Pulumi.{POOL}.yaml").write_text(PROFILE)
+    (project / ".venv").symlink_to(REPO / ".venv")
+    monkeypatch.chdir(project)  # a run of the pool from the checkout that brought it up
+
+    _pulumi(engine, project, "stack", "init", POOL)
+    try:
+        _pulumi(engine, project, "up", "--yes", "-s", POOL)
+        asyncio.run(_scenario(engine))
+    finally:
+        _pulumi(engine, project, "destroy", "--yes", "-s", POOL)
+        _pulumi(engine, project, "stack", "rm", "--yes", "-s", POOL)
+    assert local_runtime.list_sandboxes() == [] and engine.list_stacks() == []
+
+
+async def _scenario(engine: Engine) -> None:
+    pool = Pool.read(engine, POOL)
+    [created] = pool.units.values()
+    assert created.reset == "recreate"
+    assert created.reset_urns == [f"urn:pulumi:{POOL}::ale-iac::pulumi-python:dynamic/ale:LocalSandbox::u0"]
+
+    first, handle_a, _ = await lease(pool)
+    await leave_traces(handle_a)
+    assert await traces(handle_a) == ALL_TRACES
+    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
+
+    # A new resource (a new sandbox id), its outputs from the stack: the run read the old ones.
+    second, handle_b, record_b = await lease(pool)
+    assert record_b.names == ["leased"]
+    assert handle_b.resource_id != created.resource_id and handle_b.reset_urns == created.reset_urns
+    assert (handle_b.endpoint, handle_b.token()) != (handle_a.endpoint, handle_a.token())
+    assert await traces(handle_b) == []
+    assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [handle_b.resource_id]
+    log = engine.log_path(POOL).read_text()
+    assert "pulumi up --replace" in log and "+-1 replaced" in log
+
+    # A holder that died before its reset: the next lease recreates the unit first.
+    await leave_traces(handle_b)
+    assert second.lease is not None
+    second.lease.release()
+    third, handle_c, record_c = await lease(pool)
+    try:
+        assert record_c.names == ["reset", "leased"]
+        assert handle_c.resource_id not in (created.resource_id, handle_b.resource_id)
+        assert await traces(handle_c) == []
+    finally:
+        await third.release(UnitStatus.SUCCEEDED, 1.0)
+    [now] = engine.units(POOL).values()
+    assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [now.resource_id] != [handle_c.resource_id]

@@ -1,0 +1,126 @@
+"""A docker pool unit is reset between leases: a new container, volumes and network under the same sandbox id
+(the same Pulumi resource); nothing of one task is visible to the next, also after a holder died."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ale_iac.engine import Engine
+from ale_iac.infra.program import inline_program, pool_units
+from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.runner.provisioners import Pool
+from ale_iac.runner.status import UnitStatus
+from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates.docker import runtime
+from tests.executors.conftest import docker_engine, docker_image
+from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+
+__all__ = ["docker_engine", "docker_image"]
+pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.timeout(420)]
+
+POOL = "pool-reset-docker"
+
+
+def _objects(sandbox_id: str) -> dict[str, list[str]]:
+    """The engine objects of a unit, by kind: their ids."""
+    client = runtime.client()
+    label = {"label": [f"{runtime.LABEL_SANDBOX}={sandbox_id}"]}
+    try:
+        return {
+            "containers": sorted(str(c.id) for c in client.containers.list(all=True, filters=label)),
+            "networks": sorted(str(n.id) for n in client.networks.list(filters=label)),
+            "volumes": sorted(str(v.attrs["CreatedAt"]) + str(v.name) for v in client.volumes.list(filters=label)),
+        }
+    finally:
+        client.close()
+
+
+def _inspect_text(container_id: str) -> str:
+    client = runtime.client()
+    try:
+        return json.dumps(client.api.inspect_container(container_id))
+    finally:
+        client.close()
+
+
+def _units_left() -> list[str]:
+    client = runtime.client()
+    label = {"label": [f"{runtime.LABEL_KIND}={runtime.KIND}"]}
+    try:
+        return [
+            *(f"container {c.name}" for c in client.containers.list(all=True, filters=label)),
+            *(f"network {n.name}" for n in client.networks.list(filters=label)),
+            *(f"volume {v.name}" for v in client.volumes.list(filters=label)),
+        ]
+    finally:
+        client.close()
+
+
+def test_a_docker_pool_unit_is_a_new_container_at_each_lease(docker_image: str) -> None:
+    engine = Engine()
+    profile = resolve_profile("docker").profile
+    engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=1), POOL), POOL))
+    try:
+        asyncio.run(_scenario(engine))
+    finally:
+        engine.destroy(POOL)
+    assert _units_left() == []
+
+
+async def _scenario(engine: Engine) -> None:
+    pool = Pool.read(engine, POOL)
+    [created] = pool.units.values()
+    assert created.reset == "restore" and created.transport == "docker"
+    before = _objects(created.resource_id)
+
+    first, handle_a, _ = await lease(pool)
+    await leave_traces(handle_a)
+    assert await traces(handle_a) == ALL_TRACES
+    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
+
+    second, handle_b, record_b = await lease(pool)
+    assert record_b.names == ["leased"]
+    assert handle_b.resource_id == created.resource_id
+    assert (handle_b.endpoint, handle_b.token()) != (handle_a.endpoint, handle_a.token())
+    assert await traces(handle_b) == []
+    after = _objects(created.resource_id)
+    # Nothing of the old unit's engine objects is left: a new container, network and four new volumes.
+    assert len(after["containers"]) == 1 and len(after["networks"]) == 1 and len(after["volumes"]) == 4
+    for kind in ("containers", "networks", "volumes"):
+        assert not set(before[kind]) & set(after[kind]), f"{kind} survived the reset"
+    # The bulk transport follows the new container; the token is in none of its configuration.
+    assert handle_b.container_id == after["containers"][0] != created.container_id
+    token = handle_b.token()
+    assert token and token not in _inspect_text(after["containers"][0])
+    assert token not in engine.log_path(POOL).read_text()
+    await _bulk_transport_works(handle_b)
+
+    # A holder that died before its reset: the next lease resets first.
+    await leave_traces(handle_b)
+    assert second.lease is not None
+    second.lease.release()
+    third, handle_c, record_c = await lease(pool)
+    try:
+        assert record_c.names == ["reset", "leased"]
+        assert await traces(handle_c) == []
+    finally:
+        await third.release(UnitStatus.SUCCEEDED, 1.0)
+    # The stack's own view follows the resets.
+    [now] = engine.units(POOL).values()
+    assert now.container_id == _objects(created.resource_id)["containers"][0] != handle_c.container_id
+    assert now.endpoint != handle_c.endpoint
+
+
+async def _bulk_transport_works(handle: SandboxHandle) -> None:
+    """The archive transport reaches the new container (by the handle's container id)."""
+    assert handle.container_id is not None
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "probe.txt").write_text("probe")
+        assert runtime.copy_in(handle.container_id, Path(folder), f"{handle.paths.home}/bulk") == 1
+    async with handle.client() as client:
+        assert await client.read_text(f"{handle.paths.home}/bulk/probe.txt") == "probe"

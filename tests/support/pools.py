@@ -1,0 +1,81 @@
+"""Leasing pool units from a test as a run does, and the traces one task leaves for the next to (not) see.
+
+``leave_traces`` leaves, on a unit, a file in the home folder, a running process, an open window (an xterm
+titled with the secret) and the clipboard; ``traces`` says which of them a unit shows. A clean lease shows
+none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from ale_iac.runner.provisioners import Pool, PoolProvisioner
+from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.sandbox.readiness import wait_ready
+
+SECRET = "left-by-task-a-7f3e"
+ALL_TRACES = ["file in home", "process", "window", "clipboard"]
+WINDOW_WAIT_S = 60.0
+
+
+class Record:
+    """What a provisioner writes to a unit's record: its events."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.events.append((name, fields))
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.events]
+
+
+async def lease(pool: Pool, lease_timeout_s: float = 5) -> tuple[PoolProvisioner, SandboxHandle, Record]:
+    """A lease of a unit of ``pool`` (a task naming no snapshot), ready to use."""
+    provisioner = PoolProvisioner(pool, lease_timeout_s=lease_timeout_s)
+    record = Record()
+    task = SimpleNamespace(task=SimpleNamespace(card=SimpleNamespace(snapshot=None)))
+    handle = await provisioner.acquire(task, record)  # type: ignore[arg-type]  # the plan's snapshot only
+    await wait_ready(handle, provisioner.ready_timeout_s)
+    return provisioner, handle, record
+
+
+async def leave_traces(handle: SandboxHandle) -> None:
+    async with handle.client() as client:
+        await client.write_text(f"{handle.paths.home}/{SECRET}.txt", SECRET)
+        started = await client.run_command(f"setsid sh -c 'sleep 86400; :' {SECRET} </dev/null >/dev/null 2>&1 &")
+        assert started.exit_code == 0, started.stderr
+        opened = await client.run_command(f"setsid xterm -T {SECRET} </dev/null >/dev/null 2>&1 &")
+        assert opened.exit_code == 0, opened.stderr
+        await client.set_clipboard(SECRET)
+        deadline = time.monotonic() + WINDOW_WAIT_S
+        while not await _has_window(client):
+            assert time.monotonic() < deadline, "the xterm window did not appear"
+            await asyncio.sleep(0.2)
+
+
+async def _has_window(client: Any) -> bool:
+    # The window manager's view of the display: an xterm titled with the secret.
+    return bool((await client.run_command(f"xdotool search --name '^{SECRET}$'")).exit_code == 0)
+
+
+async def traces(handle: SandboxHandle) -> list[str]:
+    """What of ``leave_traces`` this unit shows (all four on the unit that left them)."""
+    found = []
+    async with handle.client() as client:
+        if await client.file_exists(f"{handle.paths.home}/{SECRET}.txt"):
+            found.append("file in home")
+        # "[a]": the pattern does not match the shell that runs pgrep.
+        pattern = SECRET.replace("task-a", "task-[a]")
+        if (await client.run_command(f"pgrep -f -- '{pattern}'")).exit_code == 0:
+            found.append("process")
+        if await _has_window(client):
+            found.append("window")
+        if await client.get_clipboard() == SECRET:
+            found.append("clipboard")
+    return found
