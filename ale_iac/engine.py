@@ -25,19 +25,26 @@ import shutil
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 from pulumi import automation as auto
+from pulumi.automation._server import LanguageServer  # not re-exported; what Stack.up/destroy serve
 from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK is not pinned
+from pulumi.runtime.proto import language_pb2_grpc
 from pydantic import SecretStr
 
 from ale_iac import procs
 from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home
+from ale_iac.provider_host import MODULE as PROVIDER_HOST_MODULE
+from ale_iac.provider_host import ProviderHost
 from ale_iac.toolchain import Toolchain, find_toolchain
 
 PROJECT = "ale-iac"
@@ -97,7 +104,11 @@ class StackInfo:
 class Engine:
     """Runs Pulumi operations for project ``ale-iac`` against one backend."""
 
-    def __init__(self, home: Path | None = None, toolchain: Toolchain | None = None) -> None:
+    def __init__(
+        self, home: Path | None = None, toolchain: Toolchain | None = None, shared_providers: bool = True
+    ) -> None:
+        """``shared_providers=False``: every CLI call starts its own provider plugin, as plain ``pulumi``
+        does (slower by about 0.5 s per call; ``bench/bench_engine.py`` compares the two)."""
         self.home = (home or ale_home()).resolve()
         self.toolchain = toolchain or find_toolchain()
         self.backend_url = os.environ.get("PULUMI_BACKEND_URL") or f"file://{self.home / 'state'}"
@@ -105,8 +116,33 @@ class Engine:
         self._command = auto.PulumiCommand(root=str(self.toolchain.root))
         self._log_locks: dict[str, threading.Lock] = {}
         self._log_locks_guard = threading.Lock()
+        self._settings: dict[str, auto.StackSettings] = {}
+        """Stacks :meth:`init` made, by name: their settings (the passphrase salt), for their ``up``."""
+        self._settings_guard = threading.Lock()
         self._prepare_home()
         self._secrets_env()  # create the passphrase file now, before threads race for it
+        # Started on the first operation that needs providers; closed with the engine or at exit.
+        # PULUMI_PROJECT: what the CLI sets for a provider plugin it starts itself.
+        self._providers: ProviderHost | None = None
+        if shared_providers:
+            self._providers = ProviderHost({**os.environ, **self.env_vars(), "PULUMI_PROJECT": PROJECT})
+            weakref.finalize(self, self._providers.close)
+
+    @property
+    def provider_pid(self) -> int | None:
+        """The pid of this engine's dynamic-provider process, while it runs."""
+        return self._providers.pid if self._providers is not None else None
+
+    def close(self) -> None:
+        """Stop this engine's dynamic-provider process (started again if the engine is used again)."""
+        if self._providers is not None:
+            self._providers.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -166,15 +202,19 @@ class Engine:
         return removed
 
     @contextlib.contextmanager
-    def _workspace(self, label: str, program: Program | None) -> Iterator[auto.LocalWorkspace]:
-        """A workspace in a fresh work dir that is removed when the block ends."""
+    def _workspace(self, label: str, program: Program | None, providers: bool = False) -> Iterator[auto.LocalWorkspace]:
+        """A workspace in a fresh work dir that is removed when the block ends. With ``providers``, its
+        CLI calls attach to this engine's dynamic-provider process (``ale_iac.provider_host``)."""
         work_dir = self.home / "work" / f"{label}-p{os.getpid()}-{secrets.token_hex(4)}"
         work_dir.mkdir(parents=True)
+        env = self.env_vars()
+        if providers and self._providers is not None:
+            env.update(self._providers.attach_env(os.environ))
         try:
             yield auto.LocalWorkspace(
                 work_dir=str(work_dir),
                 program=program or _empty_program,
-                env_vars=self.env_vars(),
+                env_vars=env,
                 pulumi_command=self._command,
                 project_settings=auto.ProjectSettings(
                     name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=self.backend_url)
@@ -184,9 +224,9 @@ class Engine:
             shutil.rmtree(work_dir, ignore_errors=True)
 
     @contextlib.contextmanager
-    def _stack(self, name: str, program: Program | None, create: bool) -> Iterator[auto.Stack]:
+    def _stack(self, name: str, program: Program | None, create: bool, providers: bool = False) -> Iterator[auto.Stack]:
         check_stack_name(name)
-        with self._workspace(name, program) as workspace:
+        with self._workspace(name, program, providers) as workspace:
             with self._errors(name, "stack select"):
                 opener = auto.Stack.create_or_select if create else auto.Stack.select
                 stack = opener(name, workspace)
@@ -239,13 +279,26 @@ class Engine:
 
     def up(self, name: str, program: Program, on_output: OutputSink | None = None) -> dict[str, Any]:
         """Create or update the stack; returns its outputs as plain values."""
-        with self._stack(name, program, create=True) as stack:
+        with self._stack(name, program, create=True, providers=True) as stack:
             sink = self._sink(name, "up", on_output)
             result = self._run(name, "up", lambda: stack.up(on_output=sink, on_error=sink))
             return {key: value.value for key, value in result.outputs.items()}
 
-    def up_new(self, name: str, program: Program, on_output: OutputSink | None = None) -> None:
-        """Create a stack that must not exist yet and ``up`` it, in two CLI calls (``stack init``, ``up``).
+    def init(self, name: str) -> None:
+        """Create an empty stack (``pulumi stack init``) that an ``up_new(..., initialized=True)`` fills
+        later: the runner creates a waiting unit's stack ahead of its turn, off its critical path."""
+        check_stack_name(name)
+        with self._workspace(name, None) as workspace, self._errors(name, "stack init"):
+            workspace.create_stack(name)
+            settings = workspace.stack_settings(name)
+        with self._settings_guard:
+            self._settings[name] = settings
+
+    def up_new(
+        self, name: str, program: Program, on_output: OutputSink | None = None, initialized: bool = False
+    ) -> None:
+        """Create a stack that must not exist yet and ``up`` it, in two CLI calls (``stack init``, ``up``);
+        one (``up``) when :meth:`init` created it already (``initialized``).
 
         ``up`` returns no outputs: the caller's program hands them over itself while it runs (see
         ``ale_iac.infra.program.inline_program``'s ``on_units``). This is the ephemeral unit's path: the
@@ -253,14 +306,21 @@ class Engine:
         output`` twice and ``stack history``, about 1.1 s of the 2.6 s a local unit's stack took.
         """
         check_stack_name(name)
-        with self._workspace(name, program) as workspace:
+        with self._workspace(name, program, providers=True) as workspace:
+            with self._settings_guard:
+                settings = self._settings.pop(name, None)
+            if settings is not None:
+                # The passphrase salt ``stack init`` chose, back in the stack's settings file: without it
+                # the CLI would derive a key for a new salt and then another for the state's (PBKDF2 with
+                # 1,000,000 rounds, 0.2 s of CPU each).
+                workspace.save_stack_settings(name, settings)
             with self._errors(name, "stack init"):
-                stack = _NoReadbackStack(name, workspace, StackInitMode.CREATE)
+                stack = _NoReadbackStack(name, workspace, create=not initialized)
             sink = self._sink(name, "up", on_output)
             self._run(name, "up", lambda: stack.up(on_output=sink, on_error=sink))
 
     def preview(self, name: str, program: Program, diff: bool = False) -> auto.PreviewResult:
-        with self._stack(name, program, create=True) as stack:
+        with self._stack(name, program, create=True, providers=True) as stack:
             sink = self._sink(name, "preview", None)
             result: auto.PreviewResult = self._run(
                 name, "preview", lambda: stack.preview(diff=diff, on_output=sink, on_error=sink)
@@ -272,14 +332,16 @@ class Engine:
 
         One CLI call (``pulumi destroy --remove``): no ``stack select`` before it, no ``stack history``
         and ``stack rm`` after it, as the SDK's ``Stack.destroy`` would run. Destroy needs no program:
-        dynamic providers are restored from the state.
+        dynamic providers are restored from the state. The CLI's language runtime is an empty program
+        served from this process (``--client``, as the SDK does for inline programs), so no language
+        host process starts either.
         """
         check_stack_name(name)
-        with self._workspace(name, None) as workspace:
+        with self._workspace(name, None, providers=True) as workspace, _language_client(_empty_program) as client:
             sink = self._sink(name, "destroy", on_output)
             args = ["destroy", "--yes", "--skip-preview", "--stack", name, *(["--remove"] if remove else [])]
             with self._errors(name, "destroy"):
-                self._command.run(args, workspace.work_dir, workspace.env_vars, sink, sink)
+                self._command.run([*args, f"--client={client}"], workspace.work_dir, workspace.env_vars, sink, sink)
 
     def outputs(self, name: str) -> dict[str, Any]:
         with self._stack(name, None, create=False) as stack:
@@ -345,24 +407,31 @@ class Engine:
 
 
 def sweep_orphan_providers() -> list[int]:
-    """Kill dynamic-provider plugin processes whose Pulumi CLI is gone.
+    """Kill dynamic-provider processes whose owner is gone.
 
-    The CLI starts each plugin in its own process group and kills it when the operation ends; if the
-    CLI itself is killed (SIGKILL of a run), the plugin lives on as an orphan, idle or still inside a
-    ``create``. Returns the process groups killed.
+    Two kinds: a plugin the CLI started (``pulumi-resource-pulumi-python``, in its own process group,
+    killed by the CLI when the operation ends) outlives a CLI that was killed, idle or still inside a
+    ``create``; an engine's shared provider host (``ale_iac.provider_host``) exits by itself when its
+    engine's process dies, and is swept here if it has not yet. Returns the pids killed.
     """
     killed: list[int] = []
     for pid in procs.all_pids():
         argv = procs.argv(pid)
-        if not any(a.endswith("pulumi-resource-pulumi-python") for a in argv[:2]):
-            continue
-        ppid = procs.parent(pid) or 0
-        parent = (procs.argv(ppid) or [""])[0] if ppid > 1 else ""
-        if ppid > 1 and procs.alive(ppid) and parent.rsplit("/", 1)[-1] == "pulumi":
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-            killed.append(pid)
+        if any(a.endswith("pulumi-resource-pulumi-python") for a in argv[:2]):
+            ppid = procs.parent(pid) or 0
+            parent = (procs.argv(ppid) or [""])[0] if ppid > 1 else ""
+            if ppid > 1 and procs.alive(ppid) and parent.rsplit("/", 1)[-1] == "pulumi":
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+                killed.append(pid)
+        elif PROVIDER_HOST_MODULE in argv[1:4]:
+            owner = int(argv[-1]) if argv[-1].isdigit() else 0
+            if owner > 1 and procs.parent(pid) == owner and procs.alive(owner):
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)  # by pid: it shares its engine's process group
+                killed.append(pid)
     return killed
 
 
@@ -413,7 +482,17 @@ def live_outputs(unit: UnitOutputs) -> UnitOutputs:
 
 
 class _NoReadbackStack(auto.Stack):
-    """A stack whose ``up`` does not read its outputs and history back (three CLI calls) after the update."""
+    """A stack whose ``up`` does not read its outputs and history back (three CLI calls) after the update.
+
+    ``create``: made with ``stack init``; else it exists and is used as it is (no ``stack select``: every
+    CLI call names its stack with ``--stack``).
+    """
+
+    def __init__(self, name: str, workspace: auto.Workspace, create: bool) -> None:
+        if create:
+            super().__init__(name, workspace, StackInitMode.CREATE)
+        else:
+            self.name, self.workspace, self._mode = name, workspace, StackInitMode.SELECT
 
     def outputs(self) -> auto.OutputMap:
         return {}
@@ -436,6 +515,19 @@ _NOT_READ = auto.UpdateSummary(
     resource_changes=None,
 )
 """What ``up`` of a :class:`_NoReadbackStack` reports as its summary: a placeholder nobody reads."""
+
+
+@contextlib.contextmanager
+def _language_client(program: Program) -> Iterator[str]:
+    """The SDK's in-process language runtime for ``program`` on a loopback port, for ``--client``."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(LanguageServer(program), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
 
 
 def _empty_program() -> None:

@@ -50,15 +50,18 @@ def up_unit(
     stack: str,
     unit: UnitSpec,
     on_output: Callable[[str], None] | None = None,
+    initialized: bool = False,
 ) -> SandboxHandle:
-    """Declare one unit in its own stack and return its handle.
+    """Declare one unit in its own stack and return its handle (``initialized``: ``Engine.init`` made
+    the stack already).
 
     If ``up`` fails, whatever it created is destroyed before the error propagates, so a failed
     create leaves no stack behind.
     """
     resolved: list[dict[str, Any]] = []
     try:
-        engine.up_new(stack, inline_program(profile, [unit], stack, on_units=resolved.append), on_output=on_output)
+        program = inline_program(profile, [unit], stack, on_units=resolved.append)
+        engine.up_new(stack, program, on_output=on_output, initialized=initialized)
         if not resolved:
             raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
         units = parse_units(resolved[-1])

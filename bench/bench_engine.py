@@ -6,7 +6,10 @@ Also the ephemeral unit's path (``Engine.up_new`` + ``destroy``: three CLI calls
 memory when N units (a no-op dynamic resource each) start at once, as N one-unit stacks (in N threads,
 as a run at -j N does) against one stack of N units.
 
-    .venv/bin/python bench/bench_engine.py [--runs 5] [--many 100]
+With ``--unit-path``: only the ephemeral unit's path split into its three CLI calls, each CLI call
+starting its own provider plugin against the engine's one shared provider process.
+
+    .venv/bin/python bench/bench_engine.py [--runs 5] [--many 100] [--unit-path]
 """
 
 from __future__ import annotations
@@ -52,6 +55,45 @@ def sdk_cycle(engine: Engine, name: str, program: Any) -> float:
     engine.up(name, program)
     engine.destroy(name)
     return time.perf_counter() - start
+
+
+def split_cycle(engine: Engine, name: str, program: Any) -> tuple[float, float, float, float]:
+    """The ephemeral unit's path, each step timed: ``stack init`` (made ahead of the unit's turn by the
+    runner), ``up`` (the unit's critical path), ``destroy --remove`` (after the unit gave its slot back);
+    and the CPU seconds the CLIs and provider processes spent on all three."""
+    host = psutil.Process(engine.provider_pid) if engine.provider_pid else None
+    cpu = _children_cpu() + (_cpu_of(host) if host else 0.0)
+    t0 = time.perf_counter()
+    engine.init(name)
+    t1 = time.perf_counter()
+    engine.up_new(name, program, initialized=True)
+    t2 = time.perf_counter()
+    engine.destroy(name)
+    t3 = time.perf_counter()
+    host = host or (psutil.Process(engine.provider_pid) if engine.provider_pid else None)
+    used = _children_cpu() + (_cpu_of(host) if host else 0.0) - cpu
+    return t1 - t0, t2 - t1, t3 - t2, used
+
+
+def _cpu_of(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def unit_path(runs: int, home: str) -> None:
+    """The unit path with each CLI call starting its own provider plugin (as before) and with the engine's
+    shared provider process (now), medians of ``runs``."""
+    print(f"ephemeral unit path, one no-op dynamic resource, median of {runs} (seconds):")
+    print(f"  {'providers':<28} {'init':>6} {'up':>6} {'destroy':>8} {'engine total':>13} {'CPU':>6}")
+    for label, shared in (("a plugin per CLI call", False), ("the engine's shared process", True)):
+        with Engine(shared_providers=shared) as engine:
+            split_cycle(engine, f"b-warm-{shared}", marker_program(f"{home}/w{shared}", "x"))  # imports, host start
+            rows = [
+                split_cycle(engine, f"b-split-{shared}-{i}", marker_program(f"{home}/p{i}", "x")) for i in range(runs)
+            ]
+        init, up, destroy, cpu = (statistics.median(column) for column in zip(*rows, strict=True))
+        total = statistics.median(a + b + c for a, b, c, _ in rows)
+        print(f"  {label:<28} {init:6.2f} {up:6.2f} {destroy:8.2f} {total:13.2f} {cpu:6.2f}")
 
 
 def unit_cycle(engine: Engine, name: str, program: Any) -> float:
@@ -128,9 +170,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--many", type=int, default=0, help="also start this many units at once (0: skip)")
+    parser.add_argument("--unit-path", action="store_true", help="only the unit path, split per CLI call")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as home:
         os.environ["ALE_IAC_HOME"] = home
+        if args.unit_path:
+            unit_path(args.runs, home)
+            return
         engine = Engine()
         print(f"pulumi {engine.toolchain.version}, backend {engine.backend_url}")
         rows = []

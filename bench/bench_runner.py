@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pulumi import automation as auto
 from rich.console import Console
 
 from ale_iac.engine import Engine
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--task", default="examples/tasks/cli-log-stats")
     parser.add_argument("--pool", type=int, default=0, help="lease from a pool stack of this many local units")
     args = parser.parse_args()
+    _time_cli_calls()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
         if not args.pool:
@@ -61,9 +63,51 @@ def main() -> None:
     for jobs, *_, phases in rows:
         cells = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
         print(f"  -j {jobs}: {cells}")
+    for line in engine_time_lines():
+        print(line)
 
 
 Row = tuple[int, float, float, float, dict[str, list[float]]]
+
+CLI_CALLS: dict[str, list[tuple[str, float]]] = {}
+"""Per stack: each Pulumi CLI call the run made on it (operation, seconds), timed around the SDK's call."""
+
+
+def _time_cli_calls() -> None:
+    """Wrap the SDK's ``PulumiCommand.run`` (what every engine operation ends in) to time each CLI call."""
+    plain = auto.PulumiCommand.run
+
+    def timed(self: auto.PulumiCommand, args: list[str], *rest: object, **kw: object) -> object:
+        words = [a for a in args if not a.startswith("-")]
+        stack = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--stack"), words[-1] if words else "")
+        start = time.perf_counter()
+        try:
+            return plain(self, args, *rest, **kw)  # type: ignore[arg-type]
+        finally:
+            operation = " ".join(words[:2]) if words[:1] == ["stack"] else (words[0] if words else "")
+            CLI_CALLS.setdefault(stack, []).append((operation, time.perf_counter() - start))
+
+    auto.PulumiCommand.run = timed  # type: ignore[method-assign]
+
+
+def engine_time_lines() -> list[str]:
+    """Median engine time per ephemeral unit stack: all of its CLI calls, and the ``up`` alone (the part
+    on the unit's critical path: ``stack init`` is made ahead, ``destroy`` runs after the unit's slot)."""
+    units = {stack: calls for stack, calls in CLI_CALLS.items() if stack.startswith("run-")}
+    if not units:
+        return []
+    total = [sum(seconds for _, seconds in calls) for calls in units.values()]
+    ups = [sum(seconds for op, seconds in calls if op == "up") for calls in units.values()]
+    counts = statistics.median(len(calls) for calls in units.values())
+    by_operation: dict[str, list[float]] = {}
+    for calls in units.values():
+        for operation, seconds in calls:
+            by_operation.setdefault(operation, []).append(seconds)
+    split = ", ".join(f"{op} {statistics.median(v):.2f}" for op, v in sorted(by_operation.items()))
+    return [
+        f"engine time per unit stack (median of {len(units)}): {statistics.median(total):.2f} s in {counts:.0f} CLI "
+        f"calls ({split}); on the unit's critical path (up): {statistics.median(ups):.2f} s"
+    ]
 
 
 def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> list[Row]:

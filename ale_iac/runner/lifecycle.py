@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,8 @@ class RunContext:
     """The run's model gateway (None when no agent uses a model)."""
     slots: asyncio.Semaphore | None = None
     """The run's concurrency: held from load until outputs are pulled, not during cleanup (None: no bound)."""
+    ahead: asyncio.Semaphore | None = None
+    """How many units may prepare (make their stack) ahead of their slot, waiting (None: no bound)."""
 
 
 @dataclass
@@ -208,12 +210,13 @@ class _Unit:
 
 async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
     slot = _Slot(ctx.slots)
-    await slot.take()
+    provisioner = ctx.provisioner()
     try:
+        await _prepare_then_take(provisioner, plan, ctx, slot)
         unit = _Unit(plan, ctx)
-        provisioner = ctx.provisioner()
     except BaseException:
         slot.give_back()
+        await _shielded(provisioner.discard())
         raise
     try:
         try:
@@ -228,6 +231,28 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
     finally:
         outcome = await unit.release(provisioner, unit.handle)
     return outcome
+
+
+async def _prepare_then_take(provisioner: Provisioner, plan: UnitPlan, ctx: RunContext, slot: _Slot) -> None:
+    """The provisioner's :meth:`~Provisioner.prepare` (an ephemeral unit's ``stack init``) while the unit
+    waits for its slot. ``ctx.ahead`` bounds how many units prepare ahead of their turn (as many as run)."""
+    if ctx.ahead is None:
+        await provisioner.prepare(plan)
+        await slot.take()
+        return
+    async with ctx.ahead:
+        await provisioner.prepare(plan)
+        await slot.take()
+
+
+async def _shielded(cleanup: Awaitable[None]) -> None:
+    """Run ``cleanup`` to its end even if the caller is being cancelled."""
+    future = asyncio.ensure_future(cleanup)
+    try:
+        await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await future
+        raise
 
 
 class _Slot:

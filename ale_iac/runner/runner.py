@@ -183,6 +183,7 @@ async def _run_all(
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=max(8, concurrency * 3), thread_name_prefix="ale"))
     ctx.slots = asyncio.Semaphore(concurrency)
+    ctx.ahead = asyncio.Semaphore(concurrency)
     results_path = ctx.run_dir / RESULTS
     outcomes: list[UnitOutcome] = []
 
@@ -351,6 +352,7 @@ def run_experiment(
         if ctx.gateway is not None:
             ctx.gateway.close()
         registry.close()
+        engine.close()
     outcomes.sort(key=lambda o: o.unit_id)
     return RunSummary(run_id=run_id, run_dir=run_dir, outcomes=outcomes, skipped=skipped, interrupted=interrupted)
 

@@ -235,6 +235,30 @@ def test_sigint_during_four_units_leaves_nothing(lab: Path) -> None:
     _assert_nothing_left()
 
 
+def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: Path) -> None:
+    """At -j 1 the next unit's stack is made (``stack init``) while the current unit runs; an interrupt
+    then destroys it with the running unit's, and the unit after it never got one."""
+    proc = _start_run(lab, ["sleepy"], ["answer"], repeats=3, concurrency=1, unit_timeout_s=600)
+    _wait_for_agents(lab, 1, proc)
+    engine = Engine()
+    deadline = time.monotonic() + 120
+    while len(engine.list_stacks()) < 2:
+        assert time.monotonic() < deadline, "the next unit's stack was never made ahead"
+        time.sleep(0.2)
+    assert len(engine.list_stacks()) == 2
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    statuses = [json.loads(p.read_text())["status"] for p in lab.glob("runs/*/*/run.json")]
+    assert statuses == ["interrupted"]  # the waiting units never started
+    logs = sorted((engine.home / "logs" / "stacks").glob("run-*.log"))
+    operations = sorted(
+        tuple(line.split()[2] for line in log.read_text().splitlines() if line.startswith("====")) for log in logs
+    )
+    assert operations == [("destroy",), ("up", "destroy")]
+    _assert_nothing_left(engine)
+
+
 def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
     proc = _start_run(lab, ["sleepy"], ["answer"], repeats=2, concurrency=2, unit_timeout_s=600)
     _wait_for_agents(lab, 2, proc)

@@ -108,6 +108,9 @@ class _PoolEngine:
         assert stack == "mixed"
         return {"ubuntu-0": _static("ubuntu-0", "ubuntu")}
 
+    def close(self) -> None:
+        """Nothing runs: no provider process to stop."""
+
 
 def test_a_task_whose_snapshot_the_pool_lacks_fails_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
