@@ -125,7 +125,8 @@ class Engine:
         # PULUMI_PROJECT: what the CLI sets for a provider plugin it starts itself.
         self._providers: ProviderHost | None = None
         if shared_providers:
-            self._providers = ProviderHost({**os.environ, **self.env_vars(), "PULUMI_PROJECT": PROJECT})
+            cli_env = {**self.env_vars(), "PULUMI_PROJECT": PROJECT}  # not ``self``: the finalizer must not hold it
+            self._providers = ProviderHost(lambda: {**os.environ, **cli_env})
             weakref.finalize(self, self._providers.close)
 
     @property

@@ -52,8 +52,9 @@ class ProviderHostError(RuntimeError):
 class ProviderHost:
     """The shared provider process of one engine: started on first use, stopped by :meth:`close`."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = dict(env)
+    def __init__(self, env: Callable[[], Mapping[str, str]]) -> None:
+        """``env``: the process environment, read when the process starts (as a plugin's is at each call)."""
+        self._env = env
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
@@ -68,7 +69,7 @@ class ProviderHost:
             if self._proc is not None and self._proc.poll() is None and self._port is not None:
                 return self._port
             self._stop_locked()
-            self._proc, self._port = _spawn(self._env)
+            self._proc, self._port = _spawn(self._env())
             return self._port
 
     def attach_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -91,7 +92,7 @@ def test_a_call_from_another_uid_is_refused(guarded_server: tuple[grpc.Server, i
 
 
 def test_the_host_serves_our_calls_and_says_yes_to_attach() -> None:
-    host = ProviderHost(os.environ)
+    host = ProviderHost(lambda: os.environ)
     try:
         port = host.port()
         assert host.port() == port  # one process, started once
@@ -162,3 +163,15 @@ def test_the_host_ends_when_its_engine_process_is_killed(tmp_path: Path) -> None
             driver.kill()
             driver.wait()
     Engine().recover("t-host-orphan")
+
+
+@pytest.mark.engine
+def test_an_engine_dropped_without_close_stops_its_provider_process(tmp_path: Path) -> None:
+    engine = Engine()
+    engine.up_new("t-host-gc", marker_program(str(tmp_path / "m"), "x"))
+    engine.destroy("t-host-gc")
+    host = engine.provider_pid
+    assert host is not None and procs.alive(host)
+    del engine
+    gc.collect()
+    assert not procs.alive(host)

@@ -77,7 +77,7 @@ class RunContext:
     slots: asyncio.Semaphore | None = None
     """The run's concurrency: held from load until outputs are pulled, not during cleanup (None: no bound)."""
     ahead: asyncio.Semaphore | None = None
-    """How many units may prepare (make their stack) ahead of their slot, waiting (None: no bound)."""
+    """How many units waiting for a slot may prepare (make their stack) ahead of it (None: none do)."""
 
 
 @dataclass
@@ -234,10 +234,11 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
 
 
 async def _prepare_then_take(provisioner: Provisioner, plan: UnitPlan, ctx: RunContext, slot: _Slot) -> None:
-    """The provisioner's :meth:`~Provisioner.prepare` (an ephemeral unit's ``stack init``) while the unit
-    waits for its slot. ``ctx.ahead`` bounds how many units prepare ahead of their turn (as many as run)."""
-    if ctx.ahead is None:
-        await provisioner.prepare(plan)
+    """Take the unit's slot; a unit that has to wait for one first runs its provisioner's
+    :meth:`~Provisioner.prepare` (an ephemeral unit's ``stack init``), so that work is off its critical path.
+    ``ctx.ahead`` bounds how many waiting units prepare (a unit that gets a slot at once prepares nothing:
+    there is no wait to hide it in)."""
+    if ctx.slots is None or not ctx.slots.locked() or ctx.ahead is None:
         await slot.take()
         return
     async with ctx.ahead:

@@ -40,6 +40,8 @@ from ale_iac.runner.tasks import CARD_NAME
 from ale_iac.sandbox.client import ComputerServerClient
 
 RESULTS = "results.jsonl"
+PREPARED_AHEAD = 4
+"""At most this many units waiting for a slot have their stack made ahead (and at most the concurrency)."""
 
 
 @dataclass
@@ -183,7 +185,7 @@ async def _run_all(
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=max(8, concurrency * 3), thread_name_prefix="ale"))
     ctx.slots = asyncio.Semaphore(concurrency)
-    ctx.ahead = asyncio.Semaphore(concurrency)
+    ctx.ahead = asyncio.Semaphore(min(concurrency, PREPARED_AHEAD))
     results_path = ctx.run_dir / RESULTS
     outcomes: list[UnitOutcome] = []
 

@@ -54,6 +54,12 @@ server)
     # so a command that starts a background program (`xterm &`) would not return until it exits.
     # Without uvloop uvicorn uses asyncio's own loop, which closes them.
     /opt/cua/bin/pip uninstall -y --disable-pip-version-check uvloop
+    # fastmcp serves only the server's own MCP endpoint (/mcp), which ale-iac never uses (its bridges speak
+    # MCP, over /cmd). The server imports it in a try/except ImportError and runs without /mcp when it is
+    # missing; its import was 0.9 of the 1.6 CPU-seconds every sandbox's server spent starting (measured with
+    # `python -X importtime -c 'import computer_server.main'` in this rootfs). The `mcp` package it pulled in
+    # stays installed but is never imported.
+    /opt/cua/bin/pip uninstall -y --disable-pip-version-check fastmcp
     # Also drop what only the compiler pulled in; binutils would otherwise stay, as python3.13
     # recommends it.
     # shellcheck disable=SC2046
@@ -63,6 +69,8 @@ server)
     # start writing .pyc files into its own writable layer.
     /opt/cua/bin/python -m compileall -q -j 0 /opt/cua/lib >/dev/null || true
     /opt/cua/bin/python -c 'import importlib.metadata as m; print("computer-server", m.version("cua-computer-server"))'
+    # Kept out (a new requirements.txt could bring it back through cua-computer-server).
+    /opt/cua/bin/python -c 'import importlib.util as u; assert u.find_spec("fastmcp") is None, "fastmcp is back"'
     ;;
 configure)
     install -m 0755 "$RECIPE/ale-init" /usr/local/sbin/ale-init
