@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
+from ale_iac.bridges.warm import WARM_ENV, forward
 from ale_iac.errors import AleIacError
 
 app = typer.Typer(
@@ -26,6 +28,10 @@ def _register() -> None:
 
 
 def main() -> None:
+    # ``ale-iac mcp vm|cua`` in a run that keeps warm bridges: the warm process forks the bridge on this
+    # process's stdio (ale_iac/bridges/warm.py), instead of this one importing the MCP SDK anew.
+    if os.environ.get(WARM_ENV) and (code := forward(os.environ[WARM_ENV], sys.argv[1:])) is not None:
+        sys.exit(code)
     _register()
     try:
         app()

@@ -23,7 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ale_iac.agent import CliInstall, load_deployer_class
+from ale_iac.agent.config import AgentConfig
 from ale_iac.agent.registry import executor_class
+from ale_iac.bridges.warm import WARM_ENV, WarmBridges
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.models.gateway import ModelGateway
@@ -144,7 +146,7 @@ def check_agents(experiment: Experiment) -> None:
     for agent in experiment.agents:
         source = Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}"
         deployer_cls = load_deployer_class(agent)
-        kind = agent.executor or deployer_cls.default_executor
+        kind = executor_kind(agent)
         executor_class(kind, agent.name)
         if kind not in deployer_cls.supported_executors:
             raise ConfigError(
@@ -168,6 +170,18 @@ def install_clis(experiment: Experiment, log: Callable[[str], None]) -> dict[str
         agent.name: {name: ensure_cli(name, log=log) for name in load_deployer_class(agent).clis}
         for agent in experiment.agents
     }
+
+
+def executor_kind(agent: AgentConfig) -> str:
+    """Where the agent's deployer runs: its preset's ``executor``, else its deployer's default."""
+    return agent.executor or load_deployer_class(agent).default_executor
+
+
+def warm_bridges(experiment: Experiment) -> WarmBridges | None:
+    """The run's warm bridge process, when an agent runs on this host (``local``: its bridges start here)."""
+    if not any(executor_kind(agent) == "local" for agent in experiment.agents):
+        return None
+    return WarmBridges()
 
 
 def start_gateway(experiment: Experiment) -> ModelGateway | None:
@@ -346,11 +360,18 @@ def run_experiment(
         on_phase=progress.phase,
         clis=clis,
     )
+    warm = warm_bridges(experiment)
     try:
         ctx.gateway = start_gateway(experiment)
+        if warm is not None:
+            warm.start()
+            os.environ.update(warm.env)  # the agents' bridges (``ale-iac mcp``) find it there
         with progress.display():
             outcomes, interrupted = asyncio.run(_run_all(plans, ctx, spec.concurrency, progress))
     finally:
+        if warm is not None:
+            os.environ.pop(WARM_ENV, None)
+            warm.close()
         if ctx.gateway is not None:
             ctx.gateway.close()
         registry.close()

@@ -1,0 +1,116 @@
+"""Warm bridges: ``ale-iac mcp vm`` forked by a process that imported the bridges once, driven by the real
+MCP client over the forwarder's own stdio; a killed forwarder takes its bridge along."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from ale_iac.bridges.warm import WARM_ENV, WarmBridges
+from tests.support.sandbox import Endpoint
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+def warm() -> Iterator[WarmBridges]:
+    with WarmBridges() as bridges:
+        yield bridges
+    assert not bridges.socket_path.exists()
+
+
+def _forked(warm: WarmBridges) -> list[psutil.Process]:
+    assert warm.pid is not None
+    return psutil.Process(warm.pid).children()
+
+
+def _wait_for(check: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        assert time.monotonic() < deadline, f"still waiting for {what} after {limit_s:.0f} s"
+        time.sleep(0.05)
+
+
+def _session(endpoint: Endpoint, env: dict[str, str], during: Callable[[], None] = lambda: None) -> str:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "ale_iac", "mcp", "vm", "--endpoint", endpoint.url],
+        env={**os.environ, **endpoint.bridge_env(), **env},
+    )
+
+    async def run() -> str:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            assert {"run_command", "read_text", "write_text"} <= names
+            result = await client.call_tool("run_command", {"command": "echo warm-$((6*7))"})
+            during()
+            first = result.content[0]
+            return first.text if first.type == "text" else ""
+
+    return anyio.run(run)
+
+
+def test_the_real_client_drives_a_warm_bridge(computer_server_endpoint: Endpoint, warm: WarmBridges) -> None:
+    seen: list[int] = []
+
+    def one_forked_bridge_serves() -> None:
+        children = _forked(warm)
+        assert len(children) == 1
+        assert "ale_iac.bridges.warm" in " ".join(children[0].cmdline())  # forked, not exec'd anew
+        seen.append(children[0].pid)
+
+    text = _session(computer_server_endpoint, warm.env, one_forked_bridge_serves)
+    assert text == "exit_code: 0\nstdout:\nwarm-42\n"
+    # The client closed the bridge's stdin: the forked bridge ended, and told its forwarder how.
+    _wait_for(lambda: not psutil.pid_exists(seen[0]) or psutil.Process(seen[0]).status() == "zombie", "the bridge")
+    assert _forked(warm) == []
+
+
+def test_killing_the_forwarder_ends_its_bridge(computer_server_endpoint: Endpoint, warm: WarmBridges) -> None:
+    forwarder = subprocess.Popen(
+        [sys.executable, "-m", "ale_iac", "mcp", "vm", "--endpoint", computer_server_endpoint.url],
+        env={**os.environ, **computer_server_endpoint.bridge_env(), **warm.env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        _wait_for(lambda: len(_forked(warm)) == 1, "the forked bridge")
+        [bridge] = _forked(warm)
+        os.kill(forwarder.pid, signal.SIGKILL)  # as an MCP client that kills what it started
+        forwarder.wait()
+        _wait_for(lambda: not bridge.is_running() or bridge.status() == psutil.STATUS_ZOMBIE, "the bridge to end")
+    finally:
+        if forwarder.poll() is None:
+            forwarder.kill()
+            forwarder.wait()
+
+
+def test_without_a_warm_process_the_bridge_runs_itself(computer_server_endpoint: Endpoint, tmp_path: Path) -> None:
+    text = _session(computer_server_endpoint, {WARM_ENV: str(tmp_path / "no-such.sock")})
+    assert text == "exit_code: 0\nstdout:\nwarm-42\n"
+
+
+def test_the_warm_process_forks_only_bridges(warm: WarmBridges) -> None:
+    """Another ``ale-iac`` command with the variable set runs itself, in its own process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ale_iac", "--help"],
+        env={**os.environ, **warm.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and "mcp" in done.stdout
+    assert _forked(warm) == []
