@@ -35,6 +35,7 @@ POOL_READY_TIMEOUT_S = 120.0
 
 RETAINED = "retained"
 NOTHING_TO_CLEAN = "nothing to clean"
+NO_SANDBOX_MADE = "no sandbox was made (the stack made ahead for it was removed)"
 
 
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
@@ -95,6 +96,8 @@ class StackProvisioner:
     stack: str | None = None
     initialized: bool = False
     """Whether :meth:`prepare` made the (empty) stack already."""
+    acquired: bool = False
+    """Whether the unit asked for its sandbox (from then on its stack is its own, to destroy or retain)."""
 
     @property
     def ready_timeout_s(self) -> float:
@@ -126,6 +129,7 @@ class StackProvisioner:
 
     async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
         snapshot, _ = self.profile.route(plan.task.card.snapshot)
+        self.acquired = True
         stack = self.stack if self.initialized and self.stack is not None else self._claim_stack(plan)
         record.write_run(stack=stack)
         unit = UnitSpec(
@@ -139,6 +143,11 @@ class StackProvisioner:
     async def release(self, status: UnitStatus, score: float | None = None) -> str:
         if self.stack is None:
             return NOTHING_TO_CLEAN
+        if not self.acquired:
+            # The unit ended before it asked for its sandbox (its task's data missing, say): the stack
+            # made ahead for it held nothing, and the unit's record names no stack.
+            await self.discard()
+            return NO_SANDBOX_MADE
         if not keep_sandbox(self.cleanup, status, score, self.retain_below):
             return await self._destroy()
         self.registry.retain(self.stack)
