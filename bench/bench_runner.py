@@ -63,12 +63,15 @@ def main() -> None:
     for jobs, *_, phases in rows:
         cells = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
         print(f"  -j {jobs}: {cells}")
-    for line in engine_time_lines():
-        print(line)
+    for jobs, lines in ENGINE_LINES.items():
+        for line in lines:
+            print(f"  -j {jobs}: {line}")
 
 
 Row = tuple[int, float, float, float, dict[str, list[float]]]
 
+ENGINE_LINES: dict[int, list[str]] = {}
+"""Per concurrency: the engine-time summary of that run's unit stacks."""
 CLI_CALLS: dict[str, list[tuple[str, float]]] = {}
 """Per stack: each Pulumi CLI call the run made on it (operation, seconds), timed around the SDK's call."""
 
@@ -127,6 +130,7 @@ def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> lis
     )
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives for the whole benchmark
     for jobs in args.jobs:
+        CLI_CALLS.clear()
         start = time.perf_counter()
         summary = run_experiment(load_experiment(exp, {"concurrency": jobs}), console=quiet)
         wall = time.perf_counter() - start
@@ -141,6 +145,7 @@ def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> lis
             for name, phase in run["phases"].items():
                 phases.setdefault(name, []).append(phase.get("seconds", 0.0))
         rows.append((jobs, wall, statistics.median(overhead), statistics.median(agent), phases))
+        ENGINE_LINES[jobs] = engine_time_lines()
     return rows
 
 
