@@ -6,10 +6,12 @@ and its start time (:func:`start_time`), and treats a zombie (killed, not yet re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
 import signal
+import subprocess
 from collections.abc import Iterable, Sequence
 
 import psutil
@@ -144,3 +146,18 @@ def die_with_parent_argv(argv: Sequence[str], parent_pid: int) -> list[str]:
     """
     guard = f'[ "$PPID" = "{parent_pid}" ] || exit 1; exec "$0" "$@"'
     return ["setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", guard, *argv]
+
+
+def stop_by_closing_stdin(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Stop a helper process that exits when its standard input closes (the engine's provider process, a
+    run's warm bridges): close it, wait, kill it if it takes longer than ``timeout``, close its stdout."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
 
+from ale_iac.procs import stop_by_closing_stdin
+
 PROVIDER_PACKAGE = "pulumi-python"
 """The package name the CLI gives Python dynamic providers (``pulumi:providers:pulumi-python``)."""
 MODULE = "ale_iac.provider_host"
@@ -87,18 +89,8 @@ class ProviderHost:
 
     def _stop_locked(self) -> None:
         proc, self._proc, self._port = self._proc, None, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError):
-            if proc.stdin is not None:
-                proc.stdin.close()  # the host exits on EOF
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            stop_by_closing_stdin(proc, timeout=5)
 
 
 def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], int]:

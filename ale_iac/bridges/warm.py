@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ale_iac.procs import stop_by_closing_stdin
+
 WARM_ENV = "ALE_IAC_WARM_BRIDGES"
 """Where ``ale-iac mcp`` finds the warm bridges' socket."""
 SOCKET_NAME = "bridges.sock"
@@ -86,16 +88,7 @@ class WarmBridges:
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            with contextlib.suppress(OSError):
-                if proc.stdin is not None:
-                    proc.stdin.close()  # it exits on EOF
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            stop_by_closing_stdin(proc, timeout=10)
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
         with contextlib.suppress(OSError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.substrates.local import runtime as local_runtime
+from tests.support.pools import plain_pulumi
 from tests.support.tasks import make_preset, make_task
 
 # A pool stack via `pulumi up`, two evaluations on it, then `pulumi destroy`: 32 s on a loaded 2-core host,
@@ -26,19 +26,6 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _pulumi(engine: Engine, project: Path, *args: str) -> str:
-    out = subprocess.run(
-        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
-        env={**os.environ, **engine.env_vars()},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
 def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None:
     engine = Engine()
     if engine.toolchain.language_host is None:
@@ -50,9 +37,9 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
     (project / "stacks" / "Pulumi.local.yaml").write_text((REPO / "stacks" / "Pulumi.local.yaml").read_text())
     (project / ".venv").symlink_to(REPO / ".venv")
 
-    _pulumi(engine, project, "stack", "init", "local")
+    plain_pulumi(engine, project, "stack", "init", "local")
     try:
-        _pulumi(engine, project, "up", "--yes", "-s", "local")
+        plain_pulumi(engine, project, "up", "--yes", "-s", "local")
         units = engine.units("local")
         assert sorted(units) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
 
@@ -89,6 +76,6 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
         # The pool is untouched by the runs' cleanup.
         assert sorted(engine.units("local")) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
     finally:
-        _pulumi(engine, project, "destroy", "--yes", "-s", "local")
-        _pulumi(engine, project, "stack", "rm", "--yes", "-s", "local")
+        plain_pulumi(engine, project, "destroy", "--yes", "-s", "local")
+        plain_pulumi(engine, project, "stack", "rm", "--yes", "-s", "local")
     assert local_runtime.list_sandboxes() == []

@@ -6,8 +6,6 @@ Nothing of one task is visible to the next, also after a holder died; nothing is
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from ale_iac.engine import Engine
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, plain_pulumi, traces
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(480)]
 
@@ -38,19 +36,6 @@ PROFILE = f"""config:
 """
 
 
-def _pulumi(engine: Engine, project: Path, *args: str) -> str:
-    out = subprocess.run(
-        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
-        env={**os.environ, **engine.env_vars()},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
 def test_a_recreate_pool_unit_is_a_new_resource_at_each_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine()
     if engine.toolchain.language_host is None:
@@ -63,13 +48,13 @@ def test_a_recreate_pool_unit_is_a_new_resource_at_each_lease(tmp_path: Path, mo
     (project / ".venv").symlink_to(REPO / ".venv")
     monkeypatch.chdir(project)  # a run of the pool from the checkout that brought it up
 
-    _pulumi(engine, project, "stack", "init", POOL)
+    plain_pulumi(engine, project, "stack", "init", POOL)
     try:
-        _pulumi(engine, project, "up", "--yes", "-s", POOL)
+        plain_pulumi(engine, project, "up", "--yes", "-s", POOL)
         asyncio.run(_scenario(engine))
     finally:
-        _pulumi(engine, project, "destroy", "--yes", "-s", POOL)
-        _pulumi(engine, project, "stack", "rm", "--yes", "-s", POOL)
+        plain_pulumi(engine, project, "destroy", "--yes", "-s", POOL)
+        plain_pulumi(engine, project, "stack", "rm", "--yes", "-s", POOL)
     assert local_runtime.list_sandboxes() == [] and engine.list_stacks() == []
 
 
@@ -95,14 +80,9 @@ async def _scenario(engine: Engine) -> None:
     assert "pulumi up --replace" in log and "+-1 replaced" in log
 
     # A holder that died before its reset: the next lease recreates the unit first.
-    await leave_traces(handle_b)
-    assert second.lease is not None
-    second.lease.release()
-    third, handle_c, record_c = await lease(pool)
+    third, handle_c, _ = await lease_after_a_dead_holder(pool, second, handle_b)
     try:
-        assert record_c.names == ["reset", "leased"]
         assert handle_c.resource_id not in (created.resource_id, handle_b.resource_id)
-        assert await traces(handle_c) == []
     finally:
         await third.release(UnitStatus.SUCCEEDED, 1.0)
     [now] = engine.units(POOL).values()

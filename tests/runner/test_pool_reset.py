@@ -3,18 +3,15 @@ and qemu units' own modules, and ``reset: recreate`` in test_pool_recreate.py)."
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra.program import inline_program, pool_units
-from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.profile import resolve_profile
 from ale_iac.runner.leases import dirty_marker
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, on_a_pool, traces
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(420)]
 
@@ -22,13 +19,7 @@ POOL = "pool-reset"
 
 
 def test_a_pool_unit_is_clean_at_each_lease_also_after_a_holder_died() -> None:
-    engine = Engine()
-    profile = resolve_profile("local").profile
-    engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=1), POOL), POOL))
-    try:
-        asyncio.run(_scenario(engine))
-    finally:
-        engine.destroy(POOL)
+    on_a_pool(POOL, resolve_profile("local").profile, _scenario)
     assert local_runtime.list_sandboxes() == []
 
 
@@ -54,17 +45,8 @@ async def _scenario(engine: Engine) -> None:
     # The old endpoint is gone with its sandbox.
     assert [s.endpoint for s in local_runtime.list_sandboxes()] == [handle_b.endpoint]
 
-    # A holder that dies before its reset (the kernel drops its lock, the marker stays): the next
-    # lease resets the unit before handing it out.
-    await leave_traces(handle_b)
-    assert second.lease is not None
-    second.lease.release()
-    third, handle_c, record_c = await lease(pool)
-    try:
-        assert record_c.names == ["reset", "leased"]
-        assert await traces(handle_c) == []
-    finally:
-        await third.release(UnitStatus.SUCCEEDED, 1.0)
+    third, handle_c, _ = await lease_after_a_dead_holder(pool, second, handle_b)
+    await third.release(UnitStatus.SUCCEEDED, 1.0)
     # The stack's own view follows the resets (what `ale-iac mcp --stack` and `sandbox env` read).
     [now] = engine.units(POOL).values()
     assert now.endpoint == local_runtime.list_sandboxes()[0].endpoint != handle_c.endpoint

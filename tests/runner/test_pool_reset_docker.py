@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 from pathlib import Path
@@ -11,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra.program import inline_program, pool_units
-from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.profile import resolve_profile
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.docker import runtime
 from tests.executors.conftest import docker_engine, docker_image
-from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, on_a_pool, traces
 
 __all__ = ["docker_engine", "docker_image"]
 pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.timeout(420)]
@@ -62,13 +60,7 @@ def _units_left() -> list[str]:
 
 
 def test_a_docker_pool_unit_is_a_new_container_at_each_lease(docker_image: str) -> None:
-    engine = Engine()
-    profile = resolve_profile("docker").profile
-    engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=1), POOL), POOL))
-    try:
-        asyncio.run(_scenario(engine))
-    finally:
-        engine.destroy(POOL)
+    on_a_pool(POOL, resolve_profile("docker").profile, _scenario)
     assert _units_left() == []
 
 
@@ -101,15 +93,8 @@ async def _scenario(engine: Engine) -> None:
     await _bulk_transport_works(handle_b)
 
     # A holder that died before its reset: the next lease resets first.
-    await leave_traces(handle_b)
-    assert second.lease is not None
-    second.lease.release()
-    third, handle_c, record_c = await lease(pool)
-    try:
-        assert record_c.names == ["reset", "leased"]
-        assert await traces(handle_c) == []
-    finally:
-        await third.release(UnitStatus.SUCCEEDED, 1.0)
+    third, handle_c, _ = await lease_after_a_dead_holder(pool, second, handle_b)
+    await third.release(UnitStatus.SUCCEEDED, 1.0)
     # The stack's own view follows the resets.
     [now] = engine.units(POOL).values()
     assert now.container_id == _objects(created.resource_id)["containers"][0] != handle_c.container_id

@@ -4,15 +4,13 @@ of one task is visible to the next, also after a holder died. One guest at a tim
 
 from __future__ import annotations
 
-import asyncio
 import stat
 
 import psutil
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.infra.program import inline_program, pool_units
-from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.profile import resolve_profile
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
@@ -20,7 +18,7 @@ from ale_iac.substrates.qemu import runtime
 from ale_iac.substrates.qemu.disk import QemuDisk
 from ale_iac.substrates.qemu.launcher import qemu_pids
 from tests.substrates.qemu.conftest import qemu_disk
-from tests.support.pools import ALL_TRACES, lease, leave_traces, traces
+from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, on_a_pool, traces
 
 __all__ = ["qemu_disk"]
 pytestmark = [pytest.mark.qemu, pytest.mark.engine, pytest.mark.timeout(1500), pytest.mark.xdist_group("qemu")]
@@ -35,13 +33,7 @@ async def _identity(handle: SandboxHandle) -> tuple[str, str]:
 
 
 def test_a_qemu_pool_unit_is_restored_afresh_at_each_lease(qemu_disk: QemuDisk) -> None:
-    engine = Engine()
-    profile = resolve_profile("qemu").profile
-    engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=1), POOL), POOL))
-    try:
-        asyncio.run(_scenario(engine))
-    finally:
-        engine.destroy(POOL)
+    on_a_pool(POOL, resolve_profile("qemu").profile, _scenario)
     assert runtime.list_sandboxes() == []
     assert not [p for p in psutil.process_iter(["cmdline"]) if POOL in " ".join(p.info["cmdline"] or [])]
 
@@ -80,15 +72,8 @@ async def _scenario(engine: Engine) -> None:
     assert token not in engine.log_path(POOL).read_text()
 
     # A holder that died before its reset: the next lease resets first.
-    await leave_traces(handle_b)
-    assert second.lease is not None
-    second.lease.release()
-    third, handle_c, record_c = await lease(pool, lease_timeout_s=30)
-    try:
-        assert record_c.names == ["reset", "leased"]
-        assert await traces(handle_c) == []
-    finally:
-        await third.release(UnitStatus.SUCCEEDED, 1.0)
+    third, handle_c, _ = await lease_after_a_dead_holder(pool, second, handle_b, lease_timeout_s=30)
+    await third.release(UnitStatus.SUCCEEDED, 1.0)
     [now] = engine.units(POOL).values()
     assert now.endpoint != handle_c.endpoint and now.resource_id == sandbox_id
     assert len(qemu_pids(runtime.unit_dir_of(sandbox_id))) == 1

@@ -8,10 +8,17 @@ none.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ale_iac.engine import Engine
+from ale_iac.infra.program import inline_program, pool_units
+from ale_iac.profile import PoolSpec, Profile
 from ale_iac.runner.provisioners import Pool, PoolProvisioner
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
@@ -43,6 +50,47 @@ async def lease(pool: Pool, lease_timeout_s: float = 5) -> tuple[PoolProvisioner
     handle = await provisioner.acquire(task, record)  # type: ignore[arg-type]  # the plan's snapshot only
     await wait_ready(handle, provisioner.ready_timeout_s)
     return provisioner, handle, record
+
+
+def plain_pulumi(engine: Engine, project: Path, *args: str) -> str:
+    """``pulumi ARGS`` on ``project`` with the engine's toolchain and backend, as a user would run it; its
+    stdout (a failure fails the test with the CLI's output)."""
+    out = subprocess.run(
+        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
+        env={**os.environ, **engine.env_vars()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def on_a_pool(stack: str, profile: Profile, scenario: Callable[[Engine], Awaitable[None]]) -> None:
+    """Bring up a pool stack of one unit of ``profile`` (as ``pulumi up`` would), run ``scenario`` on it,
+    destroy the stack whatever happened."""
+    engine = Engine()
+    engine.up(stack, inline_program(profile, pool_units(PoolSpec(units=1), stack), stack))
+    try:
+        asyncio.run(scenario(engine))
+    finally:
+        engine.destroy(stack)
+
+
+async def lease_after_a_dead_holder(
+    pool: Pool, holder: PoolProvisioner, handle: SandboxHandle, lease_timeout_s: float = 5
+) -> tuple[PoolProvisioner, SandboxHandle, Record]:
+    """``holder`` leaves traces on its unit and dies before its reset (the kernel drops its lock, the dirty
+    marker stays): the next lease resets the unit before handing it out, and shows none of them. The caller
+    releases the lease it gets."""
+    await leave_traces(handle)
+    assert holder.lease is not None
+    holder.lease.release()
+    provisioner, fresh, record = await lease(pool, lease_timeout_s)
+    assert record.names == ["reset", "leased"]
+    assert await traces(fresh) == []
+    return provisioner, fresh, record
 
 
 async def leave_traces(handle: SandboxHandle) -> None:
