@@ -108,7 +108,7 @@ class Engine:
         self, home: Path | None = None, toolchain: Toolchain | None = None, shared_providers: bool = True
     ) -> None:
         """``shared_providers=False``: every CLI call starts its own provider plugin, as plain ``pulumi``
-        does (slower by about 0.5 s per call; ``bench/bench_engine.py`` compares the two)."""
+        does (about 0.2 s slower per call here; ``bench/bench_engine.py --unit-path`` compares the two)."""
         self.home = (home or ale_home()).resolve()
         self.toolchain = toolchain or find_toolchain()
         self.backend_url = os.environ.get("PULUMI_BACKEND_URL") or f"file://{self.home / 'state'}"

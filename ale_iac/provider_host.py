@@ -2,9 +2,10 @@
 
 Every ``pulumi up`` or ``destroy`` of a stack with dynamic resources (the ``local``, ``docker`` and
 ``qemu`` sandboxes) would otherwise start ``pulumi-resource-pulumi-python``: a Python process that
-imports the Pulumi SDK and grpc before it serves its first call, about 0.5 s of CPU each time, twice
-per ephemeral unit. Instead the engine starts the SDK's own provider server once (``python -m
-pulumi.dynamic``, unchanged, run from :func:`main`) and points every CLI call at it with
+imports the Pulumi SDK and grpc before it serves its first call (0.4 CPU-s for the imports alone), twice
+per ephemeral unit: 0.2 s of wall time and of CPU per call in all (``bench/bench_engine.py --unit-path``).
+Instead the engine starts the SDK's own provider server once (``python -m pulumi.dynamic``, unchanged, run
+from :func:`main`) and points every CLI call at it with
 ``PULUMI_DEBUG_PROVIDERS=pulumi-python:<port>``, the CLI's documented way to attach to a provider
 that already runs (the CLI then neither starts nor kills it).
 

@@ -364,8 +364,11 @@ def run_experiment(
     try:
         ctx.gateway = start_gateway(experiment)
         if warm is not None:
-            warm.start()
-            os.environ.update(warm.env)  # the agents' bridges (``ale-iac mcp``) find it there
+            try:
+                warm.start()
+                os.environ.update(warm.env)  # the agents' bridges (``ale-iac mcp``) find it there
+            except (RuntimeError, OSError) as exc:  # an optimisation: bridges then start the slow way
+                console.print(f"[yellow]warm bridges unavailable ({exc}); each bridge starts on its own[/yellow]")
         with progress.display():
             outcomes, interrupted = asyncio.run(_run_all(plans, ctx, spec.concurrency, progress))
     finally:
