@@ -55,11 +55,14 @@ ENTRY = "ale_iac"
 ENTRY_CLI = "ale_iac.cli"
 
 
+FOLDER_PREFIX = "ale-iac-bridges-"
+
+
 class WarmBridges:
     """The run's warm bridge process: :meth:`start` it, put :attr:`env` in the agents' environment, :meth:`close`."""
 
     def __init__(self) -> None:
-        self._folder = Path(tempfile.mkdtemp(prefix="ale-iac-bridges-"))  # 0700
+        self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # 0700
         self.socket_path = self._folder / SOCKET_NAME
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -89,10 +92,7 @@ class WarmBridges:
         proc, self._proc = self._proc, None
         if proc is not None:
             stop_by_closing_stdin(proc, timeout=10)
-        with contextlib.suppress(OSError):
-            self.socket_path.unlink()
-        with contextlib.suppress(OSError):
-            self._folder.rmdir()
+        _remove_folder(self.socket_path)
 
     def __enter__(self) -> WarmBridges:
         self.start()
@@ -150,14 +150,51 @@ def serve(socket_path: str) -> None:
         os.umask(old_umask)
     listener.listen(64)
     os.write(1, b"ready\n")
-    while True:
-        readable, _, _ = select.select([listener.fileno(), 0], [], [])
-        if 0 in readable and not os.read(0, 4096):
-            return  # the run closed our stdin, or is gone
-        if listener.fileno() in readable:
-            conn, _ = listener.accept()
-            with conn:
-                _fork_bridge(listener, conn)
+    try:
+        while True:
+            readable, _, _ = select.select([listener.fileno(), 0], [], [])
+            if 0 in readable and not os.read(0, 4096):
+                return  # the run closed our stdin, or is gone
+            if listener.fileno() in readable:
+                conn, _ = listener.accept()
+                with conn:
+                    _fork_bridge(listener, conn)
+    finally:
+        _remove_folder(Path(socket_path))  # also when the run died without closing us
+
+
+def _remove_folder(socket_path: Path) -> None:
+    with contextlib.suppress(OSError):
+        socket_path.unlink()
+    with contextlib.suppress(OSError):
+        socket_path.parent.rmdir()
+
+
+def sweep_stale(root: Path | None = None, *, dry_run: bool = False) -> list[Path]:
+    """Remove warm-bridge folders whose process is gone (it was killed with its run: nothing answers on
+    the socket any more); returns them. ``ale-iac gc`` calls it."""
+    removed: list[Path] = []
+    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")):
+        path = folder / SOCKET_NAME
+        if not folder.is_dir() or folder.stat().st_uid != os.getuid() or _answers(path):
+            continue
+        if not dry_run:
+            _remove_folder(path)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # one that never got its socket
+        removed.append(folder)
+    return removed
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _peer_uid(conn: socket.socket) -> int:

@@ -67,6 +67,8 @@ def gc(
         typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:
         typer.echo(f"killed orphaned dynamic-provider process {pid}")
+    for folder in report.warm_bridges_removed:
+        typer.echo(f"{'would remove' if dry_run else 'removed'} the folder of a killed run's warm bridges {folder}")
     for name in report.expired:
         typer.echo(
             f"expired: stack {name} (its units' expiry has passed{'' if expired else '; --expired destroys it'})"
@@ -75,7 +77,13 @@ def gc(
         typer.echo(f"kept {name}: {why}")
     for problem in report.errors:
         typer.secho(f"error: {problem}", fg=typer.colors.RED, err=True)
-    if not (report.destroyed or report.sandboxes_stopped or report.expired or report.containers_removed):
+    if not (
+        report.destroyed
+        or report.sandboxes_stopped
+        or report.expired
+        or report.containers_removed
+        or report.warm_bridges_removed
+    ):
         typer.echo("nothing to collect")
     raise typer.Exit(1 if report.errors else 0)
 

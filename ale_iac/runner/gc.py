@@ -22,6 +22,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
@@ -37,6 +38,7 @@ class GcReport:
     expired: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     providers_killed: list[int] = field(default_factory=list)
+    warm_bridges_removed: list[str] = field(default_factory=list)
     containers_removed: list[str] = field(default_factory=list)
 
 
@@ -102,6 +104,7 @@ def collect(
     _collect_docker_units(engine, read_units, existing, set(live), dry_run, report)
     _collect_qemu_units(engine, read_units, existing, set(live), dry_run, report)
     collect_containers(dry_run=dry_run, report=report)
+    report.warm_bridges_removed = [str(folder) for folder in sweep_stale_bridges(dry_run=dry_run)]
     if not dry_run:
         engine.sweep_work_dirs()
         report.providers_killed = sweep_orphan_providers()

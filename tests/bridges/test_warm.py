@@ -17,7 +17,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from ale_iac.bridges.warm import WARM_ENV, WarmBridges
+from ale_iac.bridges.warm import WARM_ENV, WarmBridges, sweep_stale
 from tests.support.sandbox import Endpoint
 
 pytestmark = pytest.mark.sandbox
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.sandbox
 def warm() -> Iterator[WarmBridges]:
     with WarmBridges() as bridges:
         yield bridges
-    assert not bridges.socket_path.exists()
+    assert not bridges.socket_path.parent.exists()
 
 
 def _forked(warm: WarmBridges) -> list[psutil.Process]:
@@ -114,3 +114,34 @@ def test_the_warm_process_forks_only_bridges(warm: WarmBridges) -> None:
     )
     assert done.returncode == 0 and "mcp" in done.stdout
     assert _forked(warm) == []
+
+
+def test_a_warm_process_whose_run_died_removes_its_folder() -> None:
+    """The run's end of the pipe closes without a close() (the run was SIGKILLed alone)."""
+    bridges = WarmBridges()
+    bridges.start()
+    proc = bridges._proc
+    assert proc is not None and proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=60)
+    assert not bridges.socket_path.parent.exists()
+    bridges.close()
+
+
+def test_gc_sweeps_the_folder_of_a_killed_warm_process_and_spares_a_live_one(tmp_path: Path) -> None:
+    with WarmBridges() as live:
+        killed = WarmBridges()
+        killed.start()
+        assert killed.pid is not None
+        os.kill(killed.pid, signal.SIGKILL)  # killed with its run's process group: no cleanup ran
+        _wait_for(
+            lambda: not psutil.pid_exists(killed.pid or 0) or psutil.Process(killed.pid or 0).status() == "zombie",
+            "the kill",
+        )
+        root = live.socket_path.parent.parent
+        assert killed.socket_path.parent in sweep_stale(root, dry_run=True)
+        assert killed.socket_path.parent.exists()
+        assert killed.socket_path.parent in sweep_stale(root)
+        assert not killed.socket_path.parent.exists()
+        assert live.socket_path.exists() and live.socket_path.parent not in sweep_stale(root)
+        killed.close()

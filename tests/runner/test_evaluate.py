@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.engine import Engine
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
@@ -268,6 +269,9 @@ def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
     assert len(engine.list_stacks()) == 2 and len(local_runtime.list_sandboxes()) == 2
     dry = collect(engine, dry_run=True)
     assert len(dry.destroyed) == 2 and len(engine.list_stacks()) == 2
+    # The run's warm bridge process died with its group, leaving its socket's folder: gc removes it.
+    assert dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True)
     report = collect(engine)
     assert sorted(report.destroyed) == sorted(dry.destroyed) and report.errors == []
+    assert report.warm_bridges_removed == dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True) == []
     _assert_nothing_left(engine)
