@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ale_iac import procs
+
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o600) -> None:
     """Write ``path`` through a temporary file in the same folder and a rename; ``mode`` for a new file.
@@ -54,6 +56,26 @@ def unix_address(path: Path | str) -> Iterator[str]:
         os.close(fd)
 
 
+PRIVATE_PREFIX = "ale-iac-p"
+
+
+def sweep_private_dirs(root: Path | None = None, *, dry_run: bool = False) -> list[Path]:
+    """Remove :class:`PrivateDir` folders (and the secrets in them) whose process is gone: one killed with
+    SIGKILL never ran its cleanup. Only this user's, in ``root`` (the temp dir). ``ale-iac gc`` calls it."""
+    removed: list[Path] = []
+    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{PRIVATE_PREFIX}*-*")):
+        owner = folder.name[len(PRIVATE_PREFIX) :].split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            if not owner.isdigit() or procs.alive(int(owner)) or folder.lstat().st_uid != os.getuid():
+                continue
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            if not dry_run:
+                shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class PrivateDir:
     """A folder only this user can enter (0700, made on first use), for secrets a child process reads
     from a file; ``remove`` deletes it with what it holds (so does garbage collection, or the exit of
@@ -66,7 +88,8 @@ class PrivateDir:
 
     def write(self, name: str, text: str) -> Path:
         if self._path is None:
-            self._path = Path(tempfile.mkdtemp(prefix="ale-iac-", dir=self._parent))
+            # The owner's pid in the name: what a SIGKILL leaves, sweep_private_dirs (ale-iac gc) finds.
+            self._path = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-", dir=self._parent))
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._path), True)
         path = self._path / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

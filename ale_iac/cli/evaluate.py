@@ -67,6 +67,8 @@ def gc(
         typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:
         typer.echo(f"killed orphaned dynamic-provider process {pid}")
+    for folder in report.private_dirs_removed:
+        typer.echo(f"{'would remove' if dry_run else 'removed'} a killed process's private folder {folder}")
     for folder in report.warm_bridges_removed:
         typer.echo(f"{'would remove' if dry_run else 'removed'} the folder of a killed run's warm bridges {folder}")
     for name in report.expired:
@@ -83,6 +85,7 @@ def gc(
         or report.expired
         or report.containers_removed
         or report.warm_bridges_removed
+        or report.private_dirs_removed
     ):
         typer.echo("nothing to collect")
     raise typer.Exit(1 if report.errors else 0)

@@ -26,6 +26,7 @@ from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
+from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.registry import read_claims, runs_dir
 
@@ -39,6 +40,7 @@ class GcReport:
     errors: list[str] = field(default_factory=list)
     providers_killed: list[int] = field(default_factory=list)
     warm_bridges_removed: list[str] = field(default_factory=list)
+    private_dirs_removed: list[str] = field(default_factory=list)
     containers_removed: list[str] = field(default_factory=list)
 
 
@@ -105,6 +107,7 @@ def collect(
     _collect_qemu_units(engine, read_units, existing, set(live), dry_run, report)
     collect_containers(dry_run=dry_run, report=report)
     report.warm_bridges_removed = [str(folder) for folder in sweep_stale_bridges(dry_run=dry_run)]
+    report.private_dirs_removed = [str(folder) for folder in sweep_private_dirs(dry_run=dry_run)]
     if not dry_run:
         engine.sweep_work_dirs()
         report.providers_killed = sweep_orphan_providers()

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.engine import Engine
+from ale_iac.files import sweep_private_dirs
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.registry import read_claims
@@ -274,4 +275,5 @@ def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
     report = collect(engine)
     assert sorted(report.destroyed) == sorted(dry.destroyed) and report.errors == []
     assert report.warm_bridges_removed == dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True) == []
+    assert sweep_private_dirs(dry_run=True) == []  # the bridges' token files of the killed run
     _assert_nothing_left(engine)
