@@ -344,6 +344,15 @@ class Engine:
             with self._errors(name, "destroy"):
                 self._command.run([*args, f"--client={client}"], workspace.work_dir, workspace.env_vars, sink, sink)
 
+    def run_in_project(self, name: str, project: Path, args: list[str], operation: str) -> None:
+        """One CLI call (``args``) on stack ``name`` with the program of the project in ``project`` (its
+        ``Pulumi.yaml`` and stack config), as plain ``pulumi`` runs it there; logged to the stack's log and
+        its errors translated like every other operation (a held lock: :class:`StackLockedError`)."""
+        check_stack_name(name)
+        sink = self._sink(name, operation, None)
+        with self._errors(name, operation):
+            self._command.run(args, str(project), self.env_vars(), sink, sink)
+
     def outputs(self, name: str) -> dict[str, Any]:
         with self._stack(name, None, create=False) as stack:
             values = self._run(name, "stack output", stack.outputs)

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
-from pulumi import automation as auto
 
 from ale_iac.contract import ResetMode, UnitOutputs
-from ale_iac.engine import Engine, StackLockedError, StackOperationError, engine_message, live_outputs
+from ale_iac.engine import Engine, StackLockedError, live_outputs
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home, project_root
 from ale_iac.runner import leases
@@ -194,16 +193,6 @@ def replace(stack: str, urns: list[str], engine: Engine | None = None) -> None:
     ``Pulumi.yaml`` and stack config), logged to the stack's log like every engine operation."""
     engine = engine or _engine()
     project = pool_project(stack)
-    command = auto.PulumiCommand(root=str(engine.toolchain.root))
-    log = engine.log_path(stack)
-    write = threading.Lock()
-
-    def sink(line: str) -> None:
-        with write, log.open("a") as handle:
-            handle.write(line.rstrip("\n") + "\n")
-
-    args = replace_args(stack, urns)
-    sink(f"==== pulumi up --replace (pool reset of {len(urns)} resource(s), project {project})")
     lock_dir = leases.lock_dir(stack)
     lock_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + RECREATE_LOCK_WAIT_S
@@ -211,14 +200,11 @@ def replace(stack: str, urns: list[str], engine: Engine | None = None) -> None:
     with FileLock(str(lock_dir / ".recreate.lock"), timeout=RECREATE_LOCK_WAIT_S):
         while True:
             try:
-                command.run(args, str(project), engine.env_vars(), sink, sink)
+                engine.run_in_project(stack, project, replace_args(stack, urns), "up --replace")
                 return
-            except auto.ConcurrentUpdateError as exc:
+            except StackLockedError as exc:
                 if time.monotonic() > deadline:
                     raise StackLockedError(
-                        f"pool stack '{stack}' stayed locked for {RECREATE_LOCK_WAIT_S:.0f} s ({engine_message(exc)})"
+                        f"pool stack '{stack}' stayed locked for {RECREATE_LOCK_WAIT_S:.0f} s ({exc})"
                     ) from None
-                sink(f"stack locked by another update; retrying in {_LOCK_POLL_S:.0f} s")
                 time.sleep(_LOCK_POLL_S)
-            except auto.CommandError as exc:
-                raise StackOperationError(stack, "up --replace", engine_message(exc)) from None

@@ -11,7 +11,7 @@ import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.pools import plain_pulumi
+from tests.support.pools import plain_pulumi, pool_project
 from tests.support.tasks import make_preset, make_task
 
 # A pool stack via `pulumi up`, two evaluations on it, then `pulumi destroy`: 32 s on a loaded 2-core host,
@@ -28,14 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None:
     engine = Engine()
-    if engine.toolchain.language_host is None:
-        pytest.fail("pulumi-language-python is missing: scripts/setup.sh installs it")
-    project = tmp_path / "project"
-    (project / "stacks").mkdir(parents=True)
-    for name in ("Pulumi.yaml", "__main__.py"):
-        (project / name).write_text((REPO / name).read_text())
-    (project / "stacks" / "Pulumi.local.yaml").write_text((REPO / "stacks" / "Pulumi.local.yaml").read_text())
-    (project / ".venv").symlink_to(REPO / ".venv")
+    stack_file = (REPO / "stacks" / "Pulumi.local.yaml").read_text()
+    project = pool_project(engine, tmp_path / "project", "local", stack_file)
 
     plain_pulumi(engine, project, "stack", "init", "local")
     try:

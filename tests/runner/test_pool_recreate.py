@@ -14,11 +14,15 @@ from ale_iac.engine import Engine
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, plain_pulumi, traces
+from tests.support.pools import (
+    lease_after_a_dead_holder,
+    lease_used_then_reset,
+    plain_pulumi,
+    pool_project,
+)
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(480)]
 
-REPO = Path(__file__).resolve().parents[2]
 POOL = "pool-recreate"
 PROFILE = f"""config:
   ale-iac:profile:
@@ -38,14 +42,7 @@ PROFILE = f"""config:
 
 def test_a_recreate_pool_unit_is_a_new_resource_at_each_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine()
-    if engine.toolchain.language_host is None:
-        pytest.fail("pulumi-language-python is missing: scripts/setup.sh installs it")
-    project = tmp_path / "project"
-    (project / "stacks").mkdir(parents=True)
-    for name in ("Pulumi.yaml", "__main__.py"):
-        (project / name).write_text((REPO / name).read_text())
-    (project / "stacks" / f"Pulumi.{POOL}.yaml").write_text(PROFILE)
-    (project / ".venv").symlink_to(REPO / ".venv")
+    project = pool_project(engine, tmp_path / "project", POOL, PROFILE)
     monkeypatch.chdir(project)  # a run of the pool from the checkout that brought it up
 
     plain_pulumi(engine, project, "stack", "init", POOL)
@@ -64,17 +61,9 @@ async def _scenario(engine: Engine) -> None:
     assert created.reset == "recreate"
     assert created.reset_urns == [f"urn:pulumi:{POOL}::ale-iac::pulumi-python:dynamic/ale:LocalSandbox::u0"]
 
-    first, handle_a, _ = await lease(pool)
-    await leave_traces(handle_a)
-    assert await traces(handle_a) == ALL_TRACES
-    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
-
     # A new resource (a new sandbox id), its outputs from the stack: the run read the old ones.
-    second, handle_b, record_b = await lease(pool)
-    assert record_b.names == ["leased"]
+    second, handle_b = await lease_used_then_reset(pool)
     assert handle_b.resource_id != created.resource_id and handle_b.reset_urns == created.reset_urns
-    assert (handle_b.endpoint, handle_b.token()) != (handle_a.endpoint, handle_a.token())
-    assert await traces(handle_b) == []
     assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [handle_b.resource_id]
     log = engine.log_path(POOL).read_text()
     assert "pulumi up --replace" in log and "+-1 replaced" in log

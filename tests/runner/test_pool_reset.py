@@ -7,11 +7,10 @@ import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.profile import resolve_profile
-from ale_iac.runner.leases import dirty_marker
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.substrates.local import runtime as local_runtime
-from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, on_a_pool, traces
+from tests.support.pools import lease_after_a_dead_holder, lease_used_then_reset, on_a_pool
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(420)]
 
@@ -29,19 +28,9 @@ async def _scenario(engine: Engine) -> None:
     [created] = pool.units.values()
     assert created.reset == "restore"
 
-    first, handle_a, _ = await lease(pool)
-    await leave_traces(handle_a)
-    assert await traces(handle_a) == ALL_TRACES
-    assert dirty_marker(POOL, "u0", pool.records).exists()
-    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
-    assert not dirty_marker(POOL, "u0", pool.records).exists()
-
-    second, handle_b, record_b = await lease(pool)
+    second, handle_b = await lease_used_then_reset(pool)
     # The same unit and resource (a pool has one here), but a fresh sandbox: new endpoint and token.
     assert handle_b.unit == "u0" and handle_b.resource_id == created.resource_id
-    assert (handle_b.endpoint, handle_b.token()) != (handle_a.endpoint, handle_a.token())
-    assert record_b.names == ["leased"]
-    assert await traces(handle_b) == []
     # The old endpoint is gone with its sandbox.
     assert [s.endpoint for s in local_runtime.list_sandboxes()] == [handle_b.endpoint]
 

@@ -16,7 +16,7 @@ from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.docker import runtime
 from tests.executors.conftest import docker_engine, docker_image
-from tests.support.pools import ALL_TRACES, lease, lease_after_a_dead_holder, leave_traces, on_a_pool, traces
+from tests.support.pools import lease_after_a_dead_holder, lease_used_then_reset, on_a_pool
 
 __all__ = ["docker_engine", "docker_image"]
 pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.timeout(420)]
@@ -70,16 +70,8 @@ async def _scenario(engine: Engine) -> None:
     assert created.reset == "restore" and created.transport == "docker"
     before = _objects(created.resource_id)
 
-    first, handle_a, _ = await lease(pool)
-    await leave_traces(handle_a)
-    assert await traces(handle_a) == ALL_TRACES
-    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
-
-    second, handle_b, record_b = await lease(pool)
-    assert record_b.names == ["leased"]
+    second, handle_b = await lease_used_then_reset(pool)
     assert handle_b.resource_id == created.resource_id
-    assert (handle_b.endpoint, handle_b.token()) != (handle_a.endpoint, handle_a.token())
-    assert await traces(handle_b) == []
     after = _objects(created.resource_id)
     # Nothing of the old unit's engine objects is left: a new container, network and four new volumes.
     assert len(after["containers"]) == 1 and len(after["networks"]) == 1 and len(after["volumes"]) == 4

@@ -16,10 +16,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from ale_iac.engine import Engine
 from ale_iac.infra.program import inline_program, pool_units
 from ale_iac.profile import PoolSpec, Profile
+from ale_iac.runner.leases import dirty_marker
 from ale_iac.runner.provisioners import Pool, PoolProvisioner
+from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
 
@@ -52,6 +56,22 @@ async def lease(pool: Pool, lease_timeout_s: float = 5) -> tuple[PoolProvisioner
     return provisioner, handle, record
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pool_project(engine: Engine, folder: Path, stack: str, stack_file: str) -> Path:
+    """A copy of this project in ``folder`` (``Pulumi.yaml``, ``__main__.py``, the venv) with one stack file,
+    ``stacks/Pulumi.<stack>.yaml``, as a user's checkout is when they ``pulumi up`` a pool from it."""
+    if engine.toolchain.language_host is None:
+        pytest.fail("pulumi-language-python is missing: scripts/setup.sh installs it")
+    (folder / "stacks").mkdir(parents=True)
+    for name in ("Pulumi.yaml", "__main__.py"):
+        (folder / name).write_text((REPO / name).read_text())
+    (folder / "stacks" / f"Pulumi.{stack}.yaml").write_text(stack_file)
+    (folder / ".venv").symlink_to(REPO / ".venv")
+    return folder
+
+
 def plain_pulumi(engine: Engine, project: Path, *args: str) -> str:
     """``pulumi ARGS`` on ``project`` with the engine's toolchain and backend, as a user would run it; its
     stdout (a failure fails the test with the CLI's output)."""
@@ -76,6 +96,23 @@ def on_a_pool(stack: str, profile: Profile, scenario: Callable[[Engine], Awaitab
         asyncio.run(scenario(engine))
     finally:
         engine.destroy(stack)
+
+
+async def lease_used_then_reset(pool: Pool) -> tuple[PoolProvisioner, SandboxHandle]:
+    """A lease that leaves every trace and is released (the unit reset, its dirty marker gone), then the
+    next lease: a unit that shows none of them, with a new endpoint and token. Returns the second lease
+    and its handle."""
+    first, used, _ = await lease(pool)
+    await leave_traces(used)
+    assert await traces(used) == ALL_TRACES
+    assert dirty_marker(pool.stack, used.unit, pool.records).exists()
+    assert await first.release(UnitStatus.SUCCEEDED, 1.0) == "unit reset, lease released"
+    assert not dirty_marker(pool.stack, used.unit, pool.records).exists()
+    second, fresh, record = await lease(pool)
+    assert record.names == ["leased"]
+    assert (fresh.endpoint, fresh.token()) != (used.endpoint, used.token())
+    assert await traces(fresh) == []
+    return second, fresh
 
 
 async def lease_after_a_dead_holder(
