@@ -16,7 +16,7 @@ from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
 from ale_iac.infra.program import inline_program
 from ale_iac.paths import home_id
-from ale_iac.profile import LocalRoute, Profile
+from ale_iac.profile import DockerRoute, LocalRoute, Profile, QemuRoute
 from ale_iac.sandbox.handle import SandboxHandle
 
 UNIT_NAME = "u0"
@@ -34,14 +34,23 @@ def made_here(stack: str, prefix: str) -> bool:
 
 
 def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) -> None:
-    """Build (or find in the cache) every image the profile's local routes use."""
-    from ale_iac.images import build_image
+    """Build (or find in the cache) every image the profile's host routes use, before any unit is provisioned,
+    so that a first build shows its progress on the console rather than inside a ``pulumi up``: the rootfs of
+    local, docker and qemu routes; for qemu routes also the qcow2 export and, with ``runner: container``, the
+    runner image's rootfs. Nothing else is made: a profile that needs no qemu artifact never builds one."""
+    from ale_iac.images import build_image, ensure_qcow2_image
+    from ale_iac.infra.qemu import RUNNER_IMAGE
 
-    for name in sorted({r.image for r in profile.snapshots.values() if isinstance(r, LocalRoute)}):
-        if log is None:
-            build_image(name)
-        else:
-            build_image(name, log=log)
+    kwargs: dict[str, Any] = {} if log is None else {"log": log}
+    routes = profile.snapshots.values()
+    host = [r for r in routes if isinstance(r, LocalRoute | DockerRoute | QemuRoute)]
+    qemu = [r for r in host if isinstance(r, QemuRoute)]
+    for name in sorted({r.image for r in host}):
+        build_image(name, **kwargs)
+    for name in sorted({r.image for r in qemu}):
+        ensure_qcow2_image(name, **kwargs)
+    if any(r.runner == "container" for r in qemu):
+        build_image(RUNNER_IMAGE, **kwargs)
 
 
 def up_unit(

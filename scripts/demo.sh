@@ -5,5 +5,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
+bash scripts/setup.sh --for demo
 exec .venv/bin/ale-iac evaluate examples/demo.yaml "$@"

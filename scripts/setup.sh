@@ -1,13 +1,32 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) setup of everything ale-iac needs on a Debian host, as root:
-#   1. Debian packages listed in scripts/apt-packages.txt, and the Docker engine (Debian's docker.io) when no
+#   1. Debian packages listed in scripts/apt-packages.txt (and apt-packages-tests.txt unless --for demo), and the Docker engine (Debian's docker.io) when no
 #      `dockerd` is installed (scripts/dockerd.sh starts it)
 #   2. the Python venv (.venv) with ale-iac and its dev tools
 #   3. the Pulumi toolchain (scripts/build-pulumi.sh: an existing CLI that is new enough, else the pinned one
 #      built and cached; both versions are in versions.env)
-#   4. the `desktop` image (rootfs cached by recipe hash), its qcow2 export and the `qemu-runner` image (qemu)
+#   4. the `desktop` image (rootfs cached by recipe hash)
 # Every step is skipped when its result is already there, so a rerun takes seconds.
+#
+# `setup.sh --for demo` (scripts/demo.sh) sets up only what the demo (`local` profile) needs: no Docker engine.
+# `setup.sh --for tests` (scripts/test.sh, the default) also installs the Docker engine. Neither makes the qemu
+# artifacts (the desktop image's qcow2 export, the `qemu-runner` image): whatever first needs them makes them,
+# once, with the same progress lines (`ale-iac evaluate` on a qemu profile, the qemu tests' fixtures,
+# `ale-iac images build desktop --export qcow2`).
 set -euo pipefail
+
+FOR=tests
+while (($#)); do
+  case "$1" in
+    --for) FOR="${2:-}"; shift 2 || { echo "[setup] --for needs a value: demo or tests" >&2; exit 2; } ;;
+    --for=*) FOR="${1#--for=}"; shift ;;
+    *) echo "[setup] unknown argument '$1' (usage: setup.sh [--for demo|tests])" >&2; exit 2 ;;
+  esac
+done
+case "$FOR" in
+  demo|tests) ;;
+  *) echo "[setup] --for '$FOR': expected demo or tests" >&2; exit 2 ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,7 +42,9 @@ done_step() {
 
 # -- 1. Debian packages ------------------------------------------------------------------------
 step "Debian packages"
-mapfile -t PKGS < <(sed -e 's/#.*//' -e '/^\s*$/d' scripts/apt-packages.txt | tr -s ' \t' '\n' | sed '/^$/d')
+LISTS=(scripts/apt-packages.txt)
+[[ "$FOR" == demo ]] || LISTS+=(scripts/apt-packages-tests.txt)
+mapfile -t PKGS < <(sed -e 's/#.*//' -e '/^\s*$/d' "${LISTS[@]}" | tr -s ' \t' '\n' | sed '/^$/d')
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,7 +64,9 @@ fi
 # The Docker engine for the `docker` executor: Debian's docker.io (with containerd, runc, iptables), only when
 # no dockerd is installed at all: a host with Docker's own docker-ce keeps it (the two packages conflict).
 step "Docker engine (dockerd)"
-if command -v dockerd >/dev/null; then
+if [[ "$FOR" == demo ]]; then
+  done_step "not needed for the demo"
+elif command -v dockerd >/dev/null; then
   done_step "present"
 elif [[ $(id -u) -ne 0 ]]; then
   echo >&2; echo "[setup] the Docker engine is missing: run as root, or apt-get install docker.io" >&2; exit 1
@@ -84,17 +107,5 @@ step "image: desktop"
 echo >&2
 "$VENV/bin/ale-iac" images build desktop >&2
 step "image: desktop"; done_step "ready"
-
-# The qemu profile (docs/qemu.md): the desktop image as a bootable qcow2 disk (Debian's kernel and initramfs
-# added; cached by recipe hash, about 1 min the first time), and the runner container's rootfs (Debian with
-# QEMU, about 40 s; imported into the Docker engine on first use, since the engine may not run yet here).
-step "image: desktop as qcow2 (qemu)"
-echo >&2
-"$VENV/bin/ale-iac" images build desktop --export qcow2 >&2
-step "image: desktop as qcow2 (qemu)"; done_step "ready"
-step "image: qemu-runner"
-echo >&2
-"$VENV/bin/ale-iac" images build qemu-runner >&2
-step "image: qemu-runner"; done_step "ready"
 
 printf '[setup] all done in %d s\n' "$(( $(date +%s) - T0 ))" >&2

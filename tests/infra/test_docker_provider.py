@@ -21,10 +21,8 @@ from ale_iac.infra.docker import INPUT_KEYS, DockerSandboxProvider, declare_unit
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import DockerRoute, resolve_profile
 from ale_iac.substrates.docker import runtime
-from tests.executors.conftest import docker_engine, docker_image
 from tests.support.sandbox import Endpoint, run, wait_for_status
 
-__all__ = ["docker_engine", "docker_image"]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -25,7 +25,7 @@ from tests.support.browser import requests_made
 from tests.support.runs import HOSTILE, Unit, make_run
 
 # One worker builds the real run for all of them.
-pytestmark = pytest.mark.xdist_group("report-browser")
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("report-browser")]
 
 
 def _open(browser: WebDriver, page: Path) -> None:

@@ -15,10 +15,8 @@ from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.docker import runtime
-from tests.executors.conftest import docker_engine, docker_image
 from tests.support.pools import lease_after_a_dead_holder, lease_used_then_reset, on_a_pool
 
-__all__ = ["docker_engine", "docker_image"]
 pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.timeout(420)]
 
 POOL = "pool-reset-docker"

@@ -35,13 +35,11 @@ from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
-from tests.executors.conftest import docker_engine, docker_image
 from tests.support.rootless import HostUser
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 pytestmark = pytest.mark.sandbox
-__all__ = ["docker_engine", "docker_image"]
 LOCAL_KINDS = ["local", pytest.param("local-rootless", marks=pytest.mark.rootless)]
 """The local substrate as root, and as a normal user (``rootless``: a user the session makes)."""
 

@@ -8,6 +8,8 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.support.fixtures"]``
   hide it; use ``sandbox_home(state)`` (``tests/support/sandbox.py``) to address it.
 * ``sandbox_factory`` (function): ``make(**spec_fields)`` starts more sandboxes (in the test's
   ale-iac home) and waits until they answer; all are stopped at teardown, pass or fail.
+* ``docker_engine`` (session): a Docker engine that answers (the ``docker`` precondition starts it with
+  scripts/dockerd.sh where none runs; it is left running). ``docker_image`` (session): the desktop image in it.
 * ``computer_server_endpoint`` (session): a real computer-server (URL and token) for the client and
   bridge tests: the session's ``local_sandbox``, or the one ``ALE_IAC_TEST_ENDPOINT`` names (and
   ``ALE_IAC_ENDPOINT_TOKEN`` if it needs one): another substrate's sandbox, a static endpoint. It must be
@@ -20,6 +22,7 @@ Tests using them carry ``@pytest.mark.sandbox`` (``image`` for ``desktop_image``
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +32,7 @@ from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.images import ImageInfo, require_image
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from tests.support import preconditions
 from tests.support.sandbox import Endpoint, SandboxFactory, new_sandbox_id, sandbox_home, wait_for_status
 
 TEST_ENDPOINT_ENV = "ALE_IAC_TEST_ENDPOINT"
@@ -89,3 +93,20 @@ def computer_server_endpoint(request: pytest.FixtureRequest) -> Endpoint:
     if explicit:
         return Endpoint(explicit.rstrip("/"), os.environ.get(ENDPOINT_TOKEN_ENV) or None)
     return Endpoint.of(request.getfixturevalue("local_sandbox"))
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    """A Docker engine that answers. The ``docker`` precondition (checked before any fixture) starts one where
+    none runs; this fixture is for tests that need the engine without the marker's image."""
+    why = preconditions.CHECKS["docker"]()
+    if why is not None:
+        pytest.fail(why, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def docker_image(docker_engine: None) -> str:
+    """The desktop image in the engine (imported from the built rootfs once); its tag."""
+    from ale_iac.images import ensure_docker_image
+
+    return ensure_docker_image("desktop", log=lambda line: print(line, file=sys.stderr))

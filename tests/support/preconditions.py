@@ -12,10 +12,12 @@ The markers (registered, with their meaning, in pyproject.toml):
   ``npm`` on PATH to install them from the npm registry (the test's fixture does, ~6 s each, once).
 * ``rootless``: root (to make a normal user with ``useradd`` and drive it with ``runuser`` in a private mount
   namespace: tests/support/rootless.py), the desktop image, and unprivileged user namespaces allowed.
-* ``docker``: a Docker engine that answers, or one this host can start (root and ``dockerd`` installed:
-  the ``docker_engine`` fixture runs scripts/dockerd.sh), and the desktop image (imported into the engine).
+* ``docker``: a Docker engine that answers, or one this host can start (root and ``dockerd`` installed): the
+  check itself runs scripts/dockerd.sh, before the test's fixtures, so a docker test never depends on another
+  test (or fixture) having started the engine; and the desktop image (imported into the engine).
+* ``browser``: Debian's Chromium and its chromedriver (the report's tests that open pages).
 * ``qemu``: root, QEMU (``qemu-system-x86_64``, ``qemu-img``) and the desktop image; the tests' fixtures
-  make the image's qcow2 export and a saved memory state if missing (scripts/setup.sh makes both).
+  make the image's qcow2 export and a saved memory state on first need (scripts/setup.sh makes neither).
 
 The hooks in tests/conftest.py use :func:`missing` before each test: where a precondition is missing the
 test is skipped with the reason on a developer's host, and fails in CI (``CI=true``), because a test that
@@ -100,8 +102,30 @@ def _rootless() -> str | None:
     return "rootless sandboxes cannot be tested here: " + "; ".join(failed) if failed else None
 
 
+def _start_docker_engine() -> str | None:
+    """Start the Docker engine with scripts/dockerd.sh (idempotent, one start at a time under its lock);
+    None once it answers, else why not."""
+    import subprocess
+    from pathlib import Path
+
+    from ale_iac.errors import AleIacError
+    from ale_iac.images import docker_client
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "dockerd.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return f"scripts/dockerd.sh failed (exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()}"
+    try:
+        docker_client(timeout=10).close()
+    except AleIacError as exc:
+        return f"scripts/dockerd.sh started the engine, but it does not answer: {exc}"
+    return None
+
+
 @functools.cache
 def _docker() -> str | None:
+    """The engine answers, or this host can start it and did: whichever test of the marker runs first, on
+    whichever worker, finds the engine up (the check runs before any of its fixtures)."""
     import shutil
 
     from ale_iac.errors import AleIacError
@@ -113,6 +137,10 @@ def _docker() -> str | None:
     except AleIacError as exc:
         if os.geteuid() != 0 or shutil.which("dockerd") is None:
             failed.append(f"{exc} (and it cannot be started here: that needs root and dockerd)")
+        else:
+            started = _start_docker_engine()
+            if started is not None:
+                failed.append(started)
     image = _image()
     if image is not None:
         failed.append(image)
@@ -146,6 +174,16 @@ def _agent_clis() -> str | None:
     )
 
 
+@functools.cache
+def _browser() -> str | None:
+    from tests.support.browser import CHROMEDRIVER, CHROMIUM
+
+    absent = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    if absent:
+        return f"{' and '.join(absent)} not installed (apt-get install chromium chromium-driver; scripts/setup.sh does)"
+    return None
+
+
 CHECKS: dict[str, Callable[[], str | None]] = {
     "needs_root": _root,
     "image": _image,
@@ -155,6 +193,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "qemu": _qemu,
     "rootless": _rootless,
     "agent_clis": _agent_clis,
+    "browser": _browser,
 }
 """Marker name -> the check of its precondition (None when met, else why not)."""
 

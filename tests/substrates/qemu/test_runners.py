@@ -12,11 +12,9 @@ import pytest
 from ale_iac.images import build_image, ensure_docker_image
 from ale_iac.substrates.docker.runtime import client
 from ale_iac.substrates.qemu import launcher, runtime
-from tests.executors.conftest import docker_engine
 from tests.substrates.qemu.conftest import StartFn, endpoint
 from tests.support.sandbox import run
 
-__all__ = ["docker_engine"]
 pytestmark = [pytest.mark.qemu, pytest.mark.timeout(1500), pytest.mark.xdist_group("qemu")]
 
 
