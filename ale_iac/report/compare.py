@@ -41,6 +41,13 @@ class Comparison:
     other: RunView
     rows: list[TaskDiff]
     same_experiment: bool
+    setup_differs: bool
+    """The runs ran on different profiles or pools, or an agent on another executor or model."""
+
+
+def _setup(run: RunView) -> tuple[object, ...]:
+    agents = sorted((a.name, a.executor, a.model, a.model_base_url) for a in run.agent_setups)
+    return run.profile, run.pool, tuple(agents)
 
 
 def _side(units: list[UnitView]) -> Side | None:
@@ -63,4 +70,9 @@ def compare(this: RunView, other: RunView) -> Comparison:
         )
         for agent, task in keys
     ]
-    return Comparison(other=other, rows=rows, same_experiment=this.experiment == other.experiment)
+    return Comparison(
+        other=other,
+        rows=rows,
+        same_experiment=this.experiment == other.experiment,
+        setup_differs=_setup(this) != _setup(other),
+    )

@@ -79,6 +79,16 @@ class LogTail:
 
 
 @dataclass
+class AgentSetup:
+    """Where an agent of the run ran and on which model (``experiment.json``; an older record: ``run.json``)."""
+
+    name: str
+    executor: str | None
+    model: str | None
+    model_base_url: str | None = None
+
+
+@dataclass
 class UnitView:
     unit_id: str
     folder: Path
@@ -102,6 +112,10 @@ class UnitView:
     trajectory: TrajectoryView | None = None
     outputs: list[tuple[str, int]] = field(default_factory=list)
     logs: list[LogTail] = field(default_factory=list)
+    agent_config: dict[str, Any] = field(default_factory=dict)
+    """The agent's preset as ``run.json`` records it."""
+    grading: dict[str, Any] = field(default_factory=dict)
+    """What the grader said beside the score (``eval_result.json``: ``Evaluation`` details, ALE's raw scores)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -144,6 +158,10 @@ class RunView:
     cleanup: str | None
     units: list[UnitView]
     generated_at: dt.datetime
+    profile: str | None = None
+    profile_file: str | None = None
+    pool: str | None = None
+    agent_setups: list[AgentSetup] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -180,6 +198,9 @@ class RunView:
 
     def unit(self, unit_id: str) -> UnitView:
         return next(u for u in self.units if u.unit_id == unit_id)
+
+    def agent_setup(self, name: str) -> AgentSetup | None:
+        return next((a for a in self.agent_setups if a.name == name), None)
 
 
 def _json(path: Path, problems: list[str]) -> dict[str, Any] | None:
@@ -352,6 +373,41 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _grading(result: dict[str, Any] | None) -> dict[str, Any]:
+    """The grader's details (what ``evaluate`` returned beside the score), and ALE's list of raw scores."""
+    if result is None:
+        return {}
+    details = result.get("details")
+    grading = dict(details) if isinstance(details, dict) else {}
+    if "raw_scores" in result:
+        grading["raw_scores"] = result["raw_scores"]
+    return grading
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _agent_setups(listed: Any, units: list[UnitView]) -> list[AgentSetup]:
+    """Each agent's executor and model as the manifest records them; a manifest written before it did: what
+    each unit's ``run.json`` says of its agent's preset (its executor only when the preset named one)."""
+    if isinstance(listed, list):
+        return [
+            AgentSetup(str(a["name"]), _text(a.get("executor")), _text(a.get("model")), _text(a.get("model_base_url")))
+            for a in listed
+            if isinstance(a, dict) and a.get("name")
+        ]
+    setups: dict[str, AgentSetup] = {}
+    for unit in units:
+        if unit.agent in setups or not unit.agent_config:
+            continue
+        model = unit.agent_config.get("model")
+        model = model if isinstance(model, dict) else {}
+        executor = _text(unit.agent_config.get("executor"))
+        setups[unit.agent] = AgentSetup(unit.agent, executor, _text(model.get("name")), _text(model.get("base_url")))
+    return list(setups.values())
+
+
 def load_unit(folder: Path) -> UnitView:
     problems: list[str] = []
     agent, task, repeat = _name_parts(folder.name)
@@ -378,6 +434,7 @@ def load_unit(folder: Path) -> UnitView:
         cleanup_mode=run.get("cleanup_mode") if isinstance(run.get("cleanup_mode"), str) else None,
         cleanup_outcome=str(cleanup.get("outcome")) if isinstance(cleanup, dict) else None,
         events=events,
+        agent_config=agent_data if isinstance(agent_data, dict) else {},
         problems=problems,
     )
     if not run and not events:
@@ -396,6 +453,7 @@ def load_unit(folder: Path) -> UnitView:
         except (OSError, ValueError) as exc:
             problems.append(f"trajectory.json: {exc}")
     unit.errors = _errors(unit)
+    unit.grading = _grading(_json(folder / "eval_result.json", problems))
     unit.outputs = _outputs(folder)
     if unit.failed or unit.errors:
         unit.logs = _log_tails(folder, _json(folder / "agent_result.json", problems))
@@ -415,15 +473,21 @@ def load_run(run_dir: Path, now: dt.datetime | None = None) -> RunView:
     found = sorted(p.name for p in run_dir.iterdir() if (p / "run.json").is_file() or (p / "events.jsonl").is_file())
     ids = list(dict.fromkeys([*listed, *found]))
     spec = manifest.get("spec")
-    name = spec.get("name") if isinstance(spec, dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    units = [load_unit(run_dir / unit_id) for unit_id in ids if "/" not in unit_id and unit_id not in ("", ".", "..")]
+    pool = _text(manifest.get("pool")) or _text(spec.get("pool"))
+    # A manifest from before it recorded the profile: the spec's, and a spec with neither ran on `local`.
+    profile = _text(manifest.get("profile")) or _text(spec.get("profile")) or (None if pool or not spec else "local")
     return RunView(
         run_id=str(manifest.get("run_id", run_dir.name)),
         folder=run_dir,
-        experiment=str(name) if name else "?",
-        cleanup=manifest.get("cleanup") if isinstance(manifest.get("cleanup"), str) else None,
-        units=[
-            load_unit(run_dir / unit_id) for unit_id in ids if "/" not in unit_id and unit_id not in ("", ".", "..")
-        ],
+        experiment=_text(spec.get("name")) or "?",
+        cleanup=_text(manifest.get("cleanup")),
+        units=units,
         generated_at=now or dt.datetime.now(dt.UTC),
+        profile=profile,
+        profile_file=_text(manifest.get("profile_file")),
+        pool=pool,
+        agent_setups=_agent_setups(manifest.get("agents"), units),
         problems=problems,
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
 from PIL import Image, UnidentifiedImageError
 
 from ale_iac.errors import AleIacError
@@ -89,6 +90,16 @@ def compact(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, default=str) if data else ""
 
 
+def detail(value: Any) -> str:
+    """A grader's detail: text as it is, anything else as JSON (``0`` and ``false`` shown, not blank)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def breakable(unit_id: str) -> Markup:
+    """A unit id (``agent__task__rN``) that a narrow column may wrap after each ``__`` (escaped, with ``<wbr>``)."""
+    return Markup("__<wbr>").join(escape(part) for part in unit_id.split("__"))
+
+
 def offset(timestamp: str | None, start: dt.datetime | None) -> str:
     """A step's time as ``+N s`` on the unit's clock (its time of day if the unit's start is unknown)."""
     when = parse_time(timestamp)
@@ -105,7 +116,16 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(duration=duration, score=score, signed=signed, size=size, tokens=tokens, compact=compact)
+    env.filters.update(
+        duration=duration,
+        score=score,
+        signed=signed,
+        size=size,
+        tokens=tokens,
+        compact=compact,
+        detail=detail,
+        breakable=breakable,
+    )
     env.globals.update(LONG_TEXT=LONG_TEXT, MAX_EVENTS=MAX_EVENTS, offset=offset)
     return env
 

@@ -104,6 +104,37 @@ def test_a_failed_and_an_unfinished_run_render_and_agent_text_stays_text(tmp_pat
     _assert_only_files(urls + requests_made(browser))
 
 
+def _units_table_fits(browser: WebDriver, width: int) -> list[int]:
+    """At a window ``width`` px wide: the width of the units table's content, and of the box that scrolls it."""
+    browser.set_window_size(width, 900)
+    try:
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script("return window.innerWidth") == width)
+        box = browser.find_element(By.CSS_SELECTOR, "#units .scroll")
+        widths: list[int] = browser.execute_script("return [arguments[0].scrollWidth, arguments[0].clientWidth]", box)
+        return widths
+    finally:
+        browser.set_window_size(1280, 900)
+
+
+def test_the_units_table_fits_a_1400_px_window(tmp_path: Path, browser: WebDriver) -> None:
+    """Long unit ids, task names, token counts and every phase a real run records: no sideways scrolling."""
+    units = [
+        Unit(agent=agent, task=task, repeat=repeat, state=state, tokens=True, screenshots=0, load_s=0.04)
+        for agent in ("claude_code", "scripted")
+        for task in ("mixed-clipboard-total", "cli-log-stats", "gui-notepad")
+        for repeat, state in ((0, "succeeded"), (1, "agent_failed"))
+    ]
+    units[-1].state = "running"
+    out = tmp_path / "report"
+    write_report(load_run(make_run(tmp_path, units)), out)
+    _open(browser, out / "index.html")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "table.units th.phase")) == 7
+    content, box = _units_table_fits(browser, 1400)
+    assert content <= box, f"the units table is {content} px wide in a {box} px box"
+    # The unit ids may wrap, but they read (and link) as themselves.
+    assert browser.find_element(By.LINK_TEXT, units[0].unit_id).get_attribute("href")
+
+
 @pytest.mark.sandbox
 @pytest.mark.engine
 def test_the_report_of_a_real_run(real_run: Path, tmp_path: Path, browser: WebDriver) -> None:
@@ -130,6 +161,8 @@ def test_the_report_of_a_real_run(real_run: Path, tmp_path: Path, browser: WebDr
     assert set(recorded.values()) == {"succeeded", "agent_failed"}
     for plot in browser.find_elements(By.CSS_SELECTOR, "#plots img"):
         assert browser.execute_script("return arguments[0].naturalWidth", plot) > 0
+    content, box = _units_table_fits(browser, 1400)
+    assert content <= box, f"the units table is {content} px wide in a {box} px box"
 
     # A trajectory: the tool calls in the order the agent made them, the screenshots where it took them.
     notepad = "scripted__gui-notepad__r0"

@@ -126,3 +126,31 @@ def test_an_agent_failure_recorded_by_an_older_runner_is_still_shown(tmp_path: P
     first = unit.errors[0]
     assert (first.kind, first.phase, first.message) == ("agent_failed", "agent", "agent crashed (exit -11)")
     assert unit.errors[0].context[-1].kind == "phase_end"
+
+
+DOCKER_SETUP = {
+    "profile": "docker",
+    "profile_file": "/src/stacks/Pulumi.docker.yaml",
+    "pool": None,
+    "agents": [{"name": "synthetic", "executor": "docker", "model": "claude-x", "model_base_url": None}],
+}
+
+
+def test_where_a_run_ran_comes_from_its_manifest_or_an_older_records_spec(tmp_path: Path) -> None:
+    run = load_run(make_run(tmp_path, [Unit()], setup=DOCKER_SETUP))
+    assert (run.profile, run.profile_file, run.pool) == ("docker", "/src/stacks/Pulumi.docker.yaml", None)
+    setup = run.agent_setup("synthetic")
+    assert setup is not None and (setup.executor, setup.model) == ("docker", "claude-x")
+    # A manifest from before it said so: the spec names no profile or pool (so `local`), and the unit's
+    # run.json names no executor (the deployer's default, unknown here) and no model.
+    older = load_run(make_run(tmp_path, [Unit()], stamp="20261202-040000-00002"))
+    assert (older.profile, older.pool) == ("local", None)
+    [agent] = older.agent_setups
+    assert (agent.name, agent.executor, agent.model) == ("synthetic", None, None)
+    assert compare(run, older).setup_differs and not compare(run, run).setup_differs
+
+
+def test_what_the_grader_returned_beside_the_score_is_read(tmp_path: Path) -> None:
+    details = {"errors": {"credit": 1.0, "weight": 0.5}, "warnings": 0}
+    graded, plain = load_run(make_run(tmp_path, [Unit(details=details), Unit(task="t2")])).units
+    assert graded.grading == details and plain.grading == {}

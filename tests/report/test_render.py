@@ -47,7 +47,8 @@ def test_agent_output_is_escaped_everywhere_and_pages_run_no_script(tmp_path: Pa
         [csp] = [a for a in tags.all("meta") if a.get("http-equiv") == "Content-Security-Policy"]
         assert "default-src 'none'" in (csp["content"] or "")
     index = (out / "index.html").read_text()
-    assert "synthetic__x&lt;b&gt;y&amp;z__r0" in index and "<b>y" not in index
+    # Escaped, with a break opportunity after each "__" of the unit id (the units table wraps it there).
+    assert "synthetic__<wbr>x&lt;b&gt;y&amp;z__<wbr>r0" in index and "<b>y" not in index
     unit_page = next(p for p in pages if "x-b-y-z" in p.name)  # the page's file name is a slug
     assert "&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;" in unit_page.read_text()
     assert HOSTILE not in unit_page.read_text()
@@ -139,3 +140,29 @@ def test_a_report_replaces_only_a_report(tmp_path: Path) -> None:
     assert not (out / "assets" / "stale.txt").exists() and (out / "index.html").is_file()
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no staging left behind
     assert [u.unit_id for u in load_run(run_dir).units] == ["synthetic__task-1__r0"]  # the report is no unit
+
+
+def test_the_report_says_where_the_run_ran_and_what_the_grader_returned(tmp_path: Path) -> None:
+    setup = {
+        "profile": "docker",
+        "profile_file": "/src/stacks/Pulumi.docker.yaml",
+        "pool": None,
+        "agents": [{"name": "synthetic", "executor": "docker", "model": "claude-x", "model_base_url": None}],
+    }
+    details = {"errors": {"credit": 1.0, "weight": 0.5}, "warnings": 0, "note": "<b>x</b>"}
+    this = make_run(tmp_path, [Unit(score=0.5, details=details)], setup=setup)
+    other = make_run(tmp_path, [Unit()], stamp="20261202-000000-00002")
+    out = tmp_path / "report"
+    write_report(load_run(this), out, load_run(other))
+    index = (out / "index.html").read_text()
+    assert "On profile <code>docker</code> <small>(/src/stacks/Pulumi.docker.yaml)</small>." in index
+    assert "<tr><td>synthetic</td><td>docker</td><td>claude-x</td></tr>" in index
+    assert "The two runs ran on different setups" in index
+    assert "synth-20261202-000000-00002: profile <code>local</code>; synthetic: executor <code>?</code>" in index
+    [page] = (out / "assets" / "units").glob("*.html")
+    html = page.read_text()
+    assert "executor <code>docker</code>, model <code>claude-x</code>" in html
+    grading = html[html.index('<section id="grading">') :].split("</section>", 1)[0]
+    assert "<tr><td>errors</td><td><code>{&#34;credit&#34;: 1.0, &#34;weight&#34;: 0.5}</code></td></tr>" in grading
+    assert "<tr><td>warnings</td><td><code>0</code></td></tr>" in grading
+    assert "<tr><td>note</td><td><code>&lt;b&gt;x&lt;/b&gt;</code></td></tr>" in grading

@@ -34,6 +34,10 @@ class Unit:
     screenshots: int = 2
     score: float | None = 1.0
     tokens: bool = False
+    details: dict[str, Any] | None = None
+    """What the grader returned beside the score (``Evaluation(score, details)``)."""
+    load_s: float | None = None
+    """The ``load`` phase's time, the runner's first phase (left out when None)."""
 
     @property
     def unit_id(self) -> str:
@@ -133,6 +137,8 @@ def _unit(folder: Path, unit: Unit, index: int, run_id: str) -> None:
     }
     stack = f"run-{index:03d}-{unit.unit_id}"
     agent_s = 0.0
+    if unit.load_s is not None:
+        w.phase("load", unit.load_s, task=unit.task)
     w.phase("provision", 3.0 + (index % 5) * 0.3, stack=stack, endpoint="http://127.0.0.1:60000")
     run.update(stack=stack, handle={"endpoint": "http://127.0.0.1:60000", "endpoint_token": "***"})
     w.phase("ready", 0.8 + (index % 3) * 0.2, server_version="0.3.46", attempts=2)
@@ -175,7 +181,8 @@ def _unit(folder: Path, unit: Unit, index: int, run_id: str) -> None:
         )
         score = 0.0 if failed else unit.score
         w.phase("evaluate", 0.05, score=score)
-        w.json("eval_result.json", {"score": score, "task": unit.task, "evaluated_at": _t(w.clock)})
+        result = {"score": score, "task": unit.task, "evaluated_at": _t(w.clock)}
+        w.json("eval_result.json", {**result, "details": unit.details} if unit.details else result)
         (w.folder / "output").mkdir()
         (w.folder / "output" / "answer.txt").write_text("42\n")
         w.event("outputs_pulled", files=1)
@@ -194,8 +201,16 @@ def _unit(folder: Path, unit: Unit, index: int, run_id: str) -> None:
     w.close()
 
 
-def make_run(root: Path, units: list[Unit], name: str = "synth", stamp: str = "20261201-040000-00001") -> Path:
-    """``root/<name>-<stamp>/``: a run record of ``units`` (a ``queued`` one gets no folder)."""
+def make_run(
+    root: Path,
+    units: list[Unit],
+    name: str = "synth",
+    stamp: str = "20261201-040000-00001",
+    setup: dict[str, Any] | None = None,
+) -> Path:
+    """``root/<name>-<stamp>/``: a run record of ``units`` (a ``queued`` one gets no folder). ``setup``: what
+    the manifest says of where the run ran (``runner.setup_record``); without it, a manifest from before
+    it said so."""
     run_id = f"{name}-{stamp}"
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
@@ -205,6 +220,7 @@ def make_run(root: Path, units: list[Unit], name: str = "synth", stamp: str = "2
         "experiment": f"/nowhere/{name}.yaml",
         "spec": {"name": name, "concurrency": 2},
         "cleanup": "destroy",
+        **(setup or {}),
         "units": [u.unit_id for u in units],
     }
     (run_dir / "experiment.json").write_text(json.dumps(manifest, indent=2))
