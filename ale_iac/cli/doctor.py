@@ -42,34 +42,17 @@ def doctor() -> None:
     subs.add_column("check")
     subs.add_column("ok")
     subs.add_column("detail")
-    for check in local_host_checks():  # the very list the local runtime enforces (limits: what it records)
-        mark = "yes" if check.ok else "[red]no[/red]" if check.required else "[yellow]no[/yellow]"
-        detail = check.detail if check.ok or check.required else f"{check.detail} (not applied; to change: {check.fix})"
-        subs.add_row(f"local: {check.name}", mark, detail)
-        if check.required and not check.ok:
-            problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")
-    for check in hostcheck.other_substrate_checks():
-        if check.name.startswith("qemu"):
-            continue  # the qemu substrate's own rows below
-        subs.add_row(check.name, "yes" if check.ok else "no", check.detail)
-    from ale_iac.images import find_image, find_published
-
-    for name, ok, detail in _docker_rows():
-        subs.add_row(name, "yes" if ok else "no", detail)
-    for name, ok, detail in _qemu_rows():
-        subs.add_row(name, "yes" if ok else "no", detail)
-    image = find_image("desktop")
-    published = find_published("desktop") if image is None else None
-    subs.add_row(
-        "image desktop",
-        "yes" if image or published else "no",
-        str(image.path)
-        if image
-        else f"published at {published} (unpacked into your cache on first use)"
-        if published
-        else "not built (ale-iac images build desktop; as root, --export shared publishes it for normal users)",
-    )
+    for name, mark, detail in substrate_rows(problems):
+        subs.add_row(name, mark, detail)
     console.print(subs)
+
+    clis = Table(title="Agent CLIs (for the claude_code and codex agents; installed on first use)")
+    clis.add_column("CLI")
+    clis.add_column("installed")
+    clis.add_column("detail", overflow="fold")
+    for name, ok, detail in agent_cli_rows():
+        clis.add_row(name, "yes" if ok else "no", detail)
+    console.print(clis)
 
     if problems:
         for problem in problems:
@@ -77,6 +60,63 @@ def doctor() -> None:
         console.print("the `local` profile cannot run here")
         raise typer.Exit(1)
     console.print("[green]✓[/green] the `local` profile can run here")
+
+
+def substrate_rows(problems: list[str]) -> list[tuple[str, str, str]]:
+    """(check, ok mark, detail) of every substrate, one row per fact; what `local` cannot run without is
+    added to ``problems``."""
+    from ale_iac.images import find_image, find_published
+
+    rows = []
+    for check in local_host_checks():  # the very list the local runtime enforces (limits: what it records)
+        mark = "yes" if check.ok else "[red]no[/red]" if check.required else "[yellow]no[/yellow]"
+        detail = check.detail if check.ok or check.required else f"{check.detail} (not applied; to change: {check.fix})"
+        rows.append((f"local: {check.name}", mark, detail))
+        if check.required and not check.ok:
+            problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")
+    # The docker and qemu substrates' own rows below say more of their engine and tools than these would.
+    rows += [(c.name, "yes" if c.ok else "no", c.detail) for c in hostcheck.other_substrate_checks()]
+    rows += [(name, "yes" if ok else "no", detail) for name, ok, detail in (*_docker_rows(), *_qemu_rows())]
+    image = find_image("desktop")
+    published = find_published("desktop") if image is None else None
+    rows.append(
+        (
+            "image desktop",
+            "yes" if image or published else "no",
+            str(image.path)
+            if image
+            else f"published at {published} (unpacked into your cache on first use)"
+            if published
+            else "not built (ale-iac images build desktop; as root, --export shared publishes it for normal users)",
+        )
+    )
+    return rows
+
+
+def agent_cli_rows() -> list[tuple[str, bool, str]]:
+    """(CLI, installed, detail) of each agent CLI ale-iac installs: its pinned version, and where it is, or how
+    it will be installed (from npm, the first time an agent needs it)."""
+    import shutil
+
+    from ale_iac.agent.clis import CLIS, find_cli, pinned_version
+
+    npm = shutil.which("npm")
+    rows = []
+    for name, spec in CLIS.items():
+        try:
+            version = pinned_version(name)
+            install = find_cli(name, version)
+        except AleIacError as exc:
+            rows.append((name, False, str(exc)))
+            continue
+        pinned = f"{spec.package}@{version}"
+        if install is not None:
+            rows.append((name, True, f"{pinned}: {install.root / install.entry}"))
+        elif npm:
+            rows.append((name, False, f"{pinned}: installed with {npm} the first time an agent needs it"))
+        else:
+            rows.append((name, False, f"{pinned}: npm is not on PATH to install it (apt-get install npm)"))
+    return rows
 
 
 def _qemu_rows() -> list[tuple[str, bool, str]]:

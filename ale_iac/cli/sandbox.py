@@ -125,12 +125,29 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table("unit", "provider", "endpoint", "run", "locked")
-    table.add_column("stack", no_wrap=True, overflow="fold")  # the whole name: it is what destroy takes
+    console = Console()
+    console.print(ls_table(rows, console.width))
+
+
+def ls_table(rows: list[dict[str, Any]], width: int) -> Table:
+    """The table ``sandbox ls`` prints on a terminal ``width`` columns wide: long values (stack and run names,
+    endpoints, errors) fold onto more lines instead of squeezing the other columns to nothing, and the stack
+    name, which ``sandbox destroy`` takes, is always there whole."""
+    longest = max((len(str(row["stack"])) for row in rows), default=5)
+    # What the four folding columns share (the width less six columns' borders and padding, provider and
+    # locked): the stack takes what it needs of it, up to all but 10 for each other one, at least half.
+    room = width - (7 + 2 * 6) - len("provider") - len("locked")
+    table = Table()
+    table.add_column("unit", overflow="fold")
+    table.add_column("provider", no_wrap=True)
+    table.add_column("endpoint", overflow="fold")
+    table.add_column("run", overflow="fold")
+    table.add_column("locked", no_wrap=True)
+    table.add_column("stack", overflow="fold", width=max(5, min(longest, max(room // 2, room - 30))))
     for row in rows:
         cells = (str(row[k]) for k in ("unit", "provider", "endpoint", "run"))
         table.add_row(*cells, "yes" if row["locked"] else "", str(row["stack"]))
-    Console().print(table)
+    return table
 
 
 @sandbox_app.command("destroy")

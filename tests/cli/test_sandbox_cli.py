@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from ale_iac.cli.sandbox import ls_table
 from ale_iac.engine import Engine
 from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
 from ale_iac.substrates.local import runtime as local_runtime
@@ -87,3 +90,32 @@ def test_doctor_fails_with_the_reason_when_there_is_no_pulumi(tmp_path: Path) ->
     result = ale_iac("doctor", env=env, timeout=120)
     assert result.returncode == 1
     assert "Pulumi CLI not found" in result.stdout and "cannot run here" in result.stdout
+
+
+LONG_STACK = "run-an-experiment-with-a-long-name-20261201-040226-16498-scripted--gui-notepad--r0-7f3a"
+LS_ROWS = [
+    {
+        "stack": LONG_STACK,
+        "unit": "scripted__gui-notepad__r0",
+        "run": "an-experiment-with-a-long-name-20261201-040226-16498",
+        "endpoint": "http://127.0.0.1:38411",
+        "provider": "local",
+        "locked": False,
+    },
+    {"stack": "sbx-local-8f3a2b1c", "unit": "unit", "run": "-", "endpoint": "http://127.0.0.1:1", "provider": "docker",
+     "locked": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_sandbox_ls_keeps_every_column_readable_on_a_narrow_terminal(width: int) -> None:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(ls_table(LS_ROWS, width))
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert max(len(line) for line in lines) <= width
+    header = [cell.strip() for cell in lines[1].strip("┃").split("┃")]
+    assert header == ["unit", "provider", "endpoint", "run", "locked", "stack"]
+    body = [[cell.strip() for cell in line.strip("│").split("│")] for line in lines[3:-1]]
+    assert "".join(cells[5] for cells in body) == LONG_STACK + "sbx-local-8f3a2b1c"  # whole, folded at most
+    assert [cells[1] for cells in body if cells[1]] == ["local", "docker"]
+    assert "".join(cells[2] for cells in body) == "http://127.0.0.1:38411http://127.0.0.1:1"
