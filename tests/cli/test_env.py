@@ -64,15 +64,23 @@ def test_env_exports_what_the_engine_passes_and_plain_pulumi_then_finds_the_back
 
 
 def _fresh_checkout(root: Path) -> Path:
-    """The files a checkout has that the README block touches (the venv is linked, not rebuilt)."""
+    """The files a checkout has that the README block touches (the venv is linked, not rebuilt), committed to a
+    git repository of its own, as a clone's are."""
     project = root / "checkout"
     project.mkdir()
-    for name in ("Pulumi.yaml", "__main__.py"):
+    for name in ("Pulumi.yaml", "__main__.py", ".gitignore"):
         shutil.copy(REPO / name, project / name)
     for folder in ("stacks", "examples", "agents"):
         shutil.copytree(REPO / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (project / ".venv").symlink_to(REPO / ".venv")
+    _git(project, "init", "-q")
+    _git(project, "add", "-A")
+    _git(project, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "clone")
     return project
+
+
+def _git(project: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True, check=True).stdout
 
 
 def _leave_nothing() -> None:
@@ -103,5 +111,6 @@ def test_readme_pool_block_runs_as_written_and_leaves_nothing(tmp_path: Path) ->
 
     leased = [p.read_text() for p in (project / "runs").glob("*/*/events.jsonl")]
     assert len(leased) == 3 and all('"leased"' in events for events in leased), "the runs did not lease pool units"
-    # --preserve-config: the profile file is still there (with the salt `stack init` wrote).
-    assert "ale-iac:profile" in (project / "stacks" / "Pulumi.local.yaml").read_text()
+    # --preserve-config keeps the profile file, and the block's last line drops the salt `stack init` wrote
+    # into it: the checkout is as it was (run records go to the ignored runs/).
+    assert _git(project, "status", "--porcelain", "--untracked-files=all") == ""
