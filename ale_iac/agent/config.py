@@ -43,6 +43,12 @@ class ModelConfig(BaseModel):
         default=None,
         description="Name of the environment variable holding the API key; none for an endpoint without auth.",
     )
+    scripted_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The model name sent instead of `name` when the run follows a model plan "
+        "(`ale-iac evaluate --model-plan`): Codex offers its MCP tools only to a model it does not know.",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -22,6 +22,12 @@ def evaluate(
     jobs: int = typer.Option(None, "-j", "--jobs", help="Units run at once."),
     out: Path = typer.Option(None, "--out", help="Output root for run records."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
+    model_plan: Path = typer.Option(
+        None,
+        "--model-plan",
+        help="Dry run: a scripted model server follows this plan in place of every agent's model; no API key "
+        "needed (docs/models.md).",
+    ),
 ) -> None:
     """Run agents on tasks in ephemeral sandboxes, grade them, record everything, clean up.
 
@@ -38,6 +44,7 @@ def evaluate(
         "retain_below": retain_below,
         "concurrency": jobs,
         "output_root": str(out.resolve()) if out else None,
+        "model_plan": str(model_plan.resolve()) if model_plan else None,
     }
     loaded = load_experiment(experiment, overrides)
     # Logs and CI get full-width tables instead of rich's 80-column default for non-terminals.

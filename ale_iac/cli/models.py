@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,11 +41,18 @@ def model_server(
         "--api-key-env",
         help="Name of an environment variable holding the key clients must send (default: accept any).",
     ),
+    until_stdin_closes: bool = typer.Option(
+        False,
+        "--until-stdin-closes",
+        help="Serve until standard input closes, ignoring SIGINT and SIGTERM; totals on stderr "
+        "(how `evaluate --model-plan` runs it).",
+    ),
 ) -> None:
     """Serve a scripted model API (Anthropic Messages and OpenAI Responses) on 127.0.0.1 until interrupted.
 
     Point an agent CLI at it (Claude Code: ANTHROPIC_BASE_URL=URL; Codex: base_url = URL/v1,
-    wire_api = "responses"). Prints one line per request; exits 1 if the plan could not be followed.
+    wire_api = "responses"), or run a whole experiment against it: `ale-iac evaluate EXP --model-plan PLAN`.
+    Prints one line per request; exits 1 if the plan could not be followed.
     """
     import os
 
@@ -61,19 +69,28 @@ def model_server(
     server = ScriptedModelServer(
         scripted, port=port, api_key=key, on_request=lambda r: typer.echo(_describe(r), err=True)
     )
-    signal.signal(signal.SIGTERM, _interrupt)
+    if until_stdin_closes:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)  # a run's ^C is for the run; it closes our stdin
+    else:
+        signal.signal(signal.SIGTERM, _interrupt)
     with server:
         typer.echo(f"scripted model server on {server.base_url} ({plan}: {len(scripted.scripts)} script(s))")
         typer.echo(f"  Anthropic Messages (Claude Code): ANTHROPIC_BASE_URL={server.base_url}")
         typer.echo(f"  OpenAI Responses (Codex): base_url = {server.base_url}/v1, wire_api = responses")
-        typer.echo("Ctrl-C to stop", err=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+        sys.stdout.flush()
+        if until_stdin_closes:
+            sys.stdin.buffer.read()  # returns at end of file: the run closed the pipe, or died
+        else:
+            typer.echo("Ctrl-C to stop", err=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
     served = server.usage_served()
     errors = server.plan_errors
     typer.echo(
         f"served {served['requests']} request(s), {served['input_tokens']} input and "
-        f"{served['output_tokens']} output tokens; {len(errors)} plan error(s)"
+        f"{served['output_tokens']} output tokens; {len(errors)} plan error(s)",
+        err=until_stdin_closes,  # with the request lines, in the run's log
     )
     if errors:
         raise typer.Exit(code=1)

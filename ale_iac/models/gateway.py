@@ -49,7 +49,7 @@ from typing import Any, Final, Literal
 import httpx
 
 from ale_iac.clock import utc_now
-from ale_iac.errors import AleIacError, one_line
+from ale_iac.errors import AleIacError, one_line, squash
 from ale_iac.models import _serving as serving
 
 ApiKind = Literal["anthropic", "openai"]
@@ -67,6 +67,8 @@ ENDPOINTS: Final[dict[str, ApiKind]] = {
 TOKEN_PREFIX: Final = "ale-gw-"
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 600.0
+ERROR_MESSAGE_MAX: Final = 500
+"""Most characters of an upstream error answer's message kept in a call's record."""
 METER_LIMIT: Final = 32 * 1024 * 1024
 """Most bytes of one SSE event (or one JSON body) kept to read usage from; beyond it the call's usage is 0."""
 
@@ -97,6 +99,13 @@ so usage can be read)."""
 _NOT_RETURNED: Final = _HOP_BY_HOP | {"content-length", "content-encoding", "date", "server", "set-cookie"}
 
 
+def base_url_for(api: ApiKind, root: str) -> str:
+    """The base URL of ``api`` on a server that serves it at ``root`` (``http://HOST:PORT``), as the
+    vendors' SDKs have it: Anthropic ``root``, OpenAI ``root/v1``."""
+    root = root.rstrip("/")
+    return root + "/v1" if api == "openai" else root
+
+
 @dataclass(frozen=True)
 class Grant:
     """A unit's access to the gateway: its API and its token (the agent's API key)."""
@@ -109,8 +118,7 @@ class Grant:
     def base_url(self, root: str) -> str:
         """The base URL to give the agent for a gateway ``root`` (``tcp_root``, or where a Unix socket
         is relayed to): Anthropic ``root``, OpenAI ``root/v1``."""
-        root = root.rstrip("/")
-        return root + "/v1" if self.api == "openai" else root
+        return base_url_for(self.api, root)
 
     def attach_unix(self, path: Path) -> None:
         """Also serve this grant on a Unix socket at ``path`` (mode 0600; a stale socket file there is
@@ -126,6 +134,8 @@ class _Meter:
         self.sse = content_type.split(";", maxsplit=1)[0].strip().lower() == "text/event-stream"
         self.input_tokens = 0
         self.output_tokens = 0
+        self.error_message: str | None = None
+        """An error answer's own ``error.message`` (a JSON body's), as both vendors shape it."""
         self._buffer = bytearray()
         self._data: list[bytes] = []
         self._size = 0
@@ -162,6 +172,9 @@ class _Meter:
             body = json.loads(bytes(self._buffer))
             if isinstance(body, dict):
                 self._usage(body.get("usage"), replace_output=True)
+                error = body.get("error")
+                if isinstance(error, dict) and isinstance(error.get("message"), str):
+                    self.error_message = squash(error["message"], ERROR_MESSAGE_MAX)
 
     def _dispatch(self) -> None:
         data, self._data, self._size = self._data, [], 0
@@ -207,6 +220,7 @@ class _Call:
     ttfb_s: float | None = None
     total_s: float | None = None
     error: str | None = None
+    upstream_error: str | None = None
     meter: _Meter | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -219,6 +233,7 @@ class _Call:
             "ttfb_ms": _ms(self.ttfb_s),
             "total_ms": _ms(self.total_s),
             "error": self.error,
+            "upstream_error": self.upstream_error,
         }
 
 
@@ -435,7 +450,8 @@ class ModelGateway:
         """What went through ``unit_id``'s grant (JSON-able): ``api``, ``upstream`` (scheme and host),
         ``requests``, ``errors`` (upstream status >= 400 or transport failure), ``refused`` (on its
         Unix sockets), ``input_tokens``, ``output_tokens``, ``latency`` (``ttfb`` and ``total``, each
-        ``count``, ``mean_ms``, ``p50_ms``, ``max_ms``) and ``calls``, one per finished call."""
+        ``count``, ``mean_ms``, ``p50_ms``, ``max_ms``) and ``calls``, one per finished call (with
+        ``upstream_error``: the message of an error answer of the upstream's own)."""
         with self._lock:
             unit = self._units.get(unit_id)
             if unit is None:
@@ -581,6 +597,8 @@ class ModelGateway:
             call.total_s = time.perf_counter() - call.started
             if call.meter is not None:
                 call.meter.finish()
+                if (call.status or 0) >= 400:
+                    call.upstream_error = call.meter.error_message
                 unit.input_tokens += call.meter.input_tokens
                 unit.output_tokens += call.meter.output_tokens
             unit.calls.append(call)

@@ -1,7 +1,7 @@
 """A scripted model API on 127.0.0.1: the model stand-in that drives the real agent CLIs in tests,
 and ``ale-iac model-server`` for dry-running a deployer without a vendor.
 
-It speaks the two wire APIs the CLIs use (see /work/shared/notes/agent-clis.md):
+It speaks the two wire APIs the CLIs use, as they send them (``tests/agents/`` runs the real CLIs against it):
 
 * Anthropic Messages, ``POST /v1/messages`` (Claude Code adds ``?beta=true`` and always streams), and
   ``POST /v1/messages/count_tokens``; base URL ``http://127.0.0.1:PORT``;
@@ -11,8 +11,10 @@ It speaks the two wire APIs the CLIs use (see /work/shared/notes/agent-clis.md):
 ``HEAD`` on any path answers 200 (Claude Code's probe). What it answers comes from a :class:`Plan`
 (``ale_iac.models.plan``): the first script whose regex is found in the prompt, and in it the turn whose
 index is the number of tool results already in the conversation, so the server keeps no conversation
-state. A tool the request does not offer is not called: the answer is the text ``PLAN ERROR: ...``
-and the error is kept in :attr:`ScriptedModelServer.plan_errors`. Every request is recorded
+state. When the plan cannot be followed (no script matches, a tool the request does not offer, no turn
+left), the answer is an HTTP 400 error whose message starts with :data:`PLAN_ERROR`, which the CLIs
+report as a failed run and the run's gateway records per unit; the error is also kept in
+:attr:`ScriptedModelServer.plan_errors`. Every request is recorded
 (:attr:`ScriptedModelServer.requests`); credentials never are, only whether they were there (and, when
 the server is given the key to expect, whether they matched it).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import threading
 import time
 import uuid
@@ -53,6 +56,10 @@ MESSAGES: Final = "/v1/messages"
 COUNT_TOKENS: Final = "/v1/messages/count_tokens"
 RESPONSES: Final = "/v1/responses"
 AUTH_HEADERS: Final = ("x-api-key", "authorization")
+PLAN_ERROR: Final = "plan error: "
+"""How the message of a plan error's HTTP 400 answer starts (the run reads it back from its gateway's record)."""
+PLAN_ERROR_STATUS: Final = 400
+"""A client error: no CLI or SDK retries it, so a plan error ends the agent's run at once."""
 CLAUDE_SHELL: Final = "Bash"
 CODEX_SHELLS: Final = ("exec_command", "shell_command", "shell")
 """Codex's native shell tool, newest first: ``exec_command {cmd}`` (0.171: unified exec, the default),
@@ -165,6 +172,34 @@ def prompt_of(api: Api, body: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
+_WRAPPER_BLOCK = re.compile(r"\A\s*<([A-Za-z_][\w-]*)\b[^>]*?(?:/>|>.*?</\1\s*>)", re.S)
+"""A block a CLI wraps its own context in (``<system-reminder>...</system-reminder>``,
+``<environment_context/>``), at the start of a text."""
+
+
+def task_text_of(api: Api, body: dict[str, Any]) -> str:
+    """The task's own words in the prompt: the last user text before the first answer, without the
+    blocks the CLI wraps its own context in (Claude Code's ``<system-reminder>``, Codex's
+    ``<environment_context>``); the whole prompt if nothing else is left."""
+    items = body.get("messages") if api == "anthropic" else body.get("input")
+    if isinstance(items, str):
+        return items
+    last = ""
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type", "message") != "message" or item.get("role") == "assistant":
+            break
+        if item.get("role") != "user":
+            continue
+        for text in _texts(item.get("content")):
+            rest = text
+            while found := _WRAPPER_BLOCK.match(rest):
+                rest = rest[found.end() :]
+            last = rest.strip() or last
+    return last or prompt_of(api, body)
+
+
 def tool_results_in(api: Api, body: dict[str, Any]) -> int:
     """How many tool results the conversation holds: the index of the turn to serve."""
     if api == "anthropic":
@@ -268,7 +303,7 @@ def choose_reply(
     prompt = prompt_of(api, body)
     index = plan.script_for(prompt)
     if index is None:
-        excerpt = " ".join(prompt.split())[:160]
+        excerpt = " ".join(task_text_of(api, body).split())[:160]
         return _error_reply(f"no script matches the prompt {excerpt!r}")
     script: Script = plan.scripts[index]
     failed = {} if failed is None else failed
@@ -306,7 +341,7 @@ def choose_reply(
 
 
 def _error_reply(message: str, script: int | None = None, turn: int | None = None) -> _Reply:
-    return _Reply("text", NO_USAGE, text=f"PLAN ERROR: {message}", script=script, turn=turn, plan_error=message)
+    return _Reply("text", NO_USAGE, status=PLAN_ERROR_STATUS, script=script, turn=turn, plan_error=message)
 
 
 # --- writing answers --------------------------------------------------------------------------
@@ -691,7 +726,7 @@ class ScriptedModelServer:
         self, api: Api, model: str, stream: bool, reply: _Reply, receive: serving.Receive, send: serving.Send
     ) -> None:
         if reply.status != 200:
-            message = f"scripted failure ({reply.fail})"
+            message = PLAN_ERROR + reply.plan_error if reply.plan_error else f"scripted failure ({reply.fail})"
             await serving.send_json(send, reply.status, _error_body(api, reply.status, message))
             return
         then: Then

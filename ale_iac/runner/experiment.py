@@ -12,6 +12,7 @@
     retain_below: 0.5                  # also retain units that scored below this (optional)
     unit_timeout_s: 600
     output_root: runs
+    model_plan: plan.yaml              # follow this scripted plan instead of the agents' models (no API key)
 
 Paths are relative to the experiment file. Flags of ``ale-iac evaluate`` override the file.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ale_iac.agent import AgentConfig
 from ale_iac.errors import ConfigError, read_yaml, validate
+from ale_iac.models.plan import load_plan
 from ale_iac.paths import project_root
 from ale_iac.profile import CleanupMode
 from ale_iac.runner.ale_tasks import LocalTaskData, load_ale_task
@@ -59,6 +61,11 @@ class ExperimentSpec(BaseModel):
     )
     unit_timeout_s: float = Field(default=900, gt=0, description="Agent time limit per unit.")
     output_root: str = Field(default="runs")
+    model_plan: str | None = Field(
+        default=None,
+        description="A scripted model plan (docs/models.md): the run's scripted model server answers every "
+        "agent's model calls instead of its vendor; no API key needed.",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> ExperimentSpec:
@@ -83,6 +90,16 @@ class Experiment:
     source: Path
     agents: list[AgentConfig]
     tasks: list[Task]
+    preset_files: dict[str, Path] = field(default_factory=dict)
+    """Agent name -> the preset file it was read from."""
+    model_plan: Path | None = None
+    """The scripted model plan the run follows instead of the agents' models (checked when loaded)."""
+
+    def preset_file(self, agent: AgentConfig) -> Path | str:
+        """Where ``agent``'s preset came from, for errors that name the file."""
+        if agent.name in self.preset_files:
+            return self.preset_files[agent.name]
+        return Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}"
 
     @property
     def units(self) -> list[UnitPlan]:
@@ -109,6 +126,8 @@ class Experiment:
             ],
             "tasks": [{"card": t.card.model_dump(mode="json"), "files": folder_digest(t.folder)} for t in self.tasks],
         }
+        if self.model_plan is not None:  # only then: runs without a plan keep their fingerprints
+            data["model_plan"] = hashlib.sha256(self.model_plan.read_bytes()).hexdigest()
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -131,14 +150,20 @@ def _deployer_digest(agent: AgentConfig) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
-    """A preset by file path (relative to ``base``) or by name (``agents/<name>/preset.yaml``)."""
+def find_agent_preset(ref: str, base: Path, source: Path) -> Path:
+    """A preset's file, by path (relative to ``base``) or by name (``agents/<name>/preset.yaml``)."""
     candidates = [base / ref]
     if not ref.endswith((".yaml", ".yml")):
         candidates += [base / "agents" / ref / "preset.yaml", project_root() / "agents" / ref / "preset.yaml"]
     path = next((c.resolve() for c in candidates if c.is_file()), None)
     if path is None:
         raise ConfigError(source, "agents", f"no agent preset {ref!r} (tried {', '.join(str(c) for c in candidates)})")
+    return path
+
+
+def load_agent_preset(ref: str, base: Path, source: Path) -> AgentConfig:
+    """A preset by file path (relative to ``base``) or by name (``agents/<name>/preset.yaml``)."""
+    path = find_agent_preset(ref, base, source)
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(path, "", "an agent preset must be a mapping")
@@ -206,4 +231,24 @@ def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Expe
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         raise ConfigError(path, "tasks", f"task ids listed twice: {', '.join(duplicates)}")
-    return Experiment(spec=spec, source=path, agents=agents, tasks=tasks)
+    return Experiment(
+        spec=spec,
+        source=path,
+        agents=agents,
+        tasks=tasks,
+        preset_files={a.name: find_agent_preset(ref, base, path) for ref, a in zip(spec.agents, agents, strict=True)},
+        model_plan=_model_plan(spec, base, path, agents),
+    )
+
+
+def _model_plan(spec: ExperimentSpec, base: Path, source: Path, agents: list[AgentConfig]) -> Path | None:
+    """The plan file, read and checked now (its errors name it and the field), before anything is made."""
+    if spec.model_plan is None:
+        return None
+    plan = (base / spec.model_plan).resolve()
+    if not plan.is_file():
+        raise ConfigError(source, "model_plan", f"{spec.model_plan!r} is not a file")
+    load_plan(plan)
+    if not any(agent.model for agent in agents):
+        raise ConfigError(source, "model_plan", "no agent of this experiment uses a model, so none would follow it")
+    return plan

@@ -39,6 +39,7 @@ from ale_iac.models.gateway import ModelGateway
 from ale_iac.profile import CleanupMode
 from ale_iac.runner import hook_output
 from ale_iac.runner.experiment import UnitPlan
+from ale_iac.runner.model_plan import ModelUpstream, plan_error_in
 from ale_iac.runner.provisioners import RETAINED, Provisioner
 from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.registry import RunRegistry
@@ -78,6 +79,11 @@ class RunContext:
     """The run's concurrency: held from load until outputs are pulled, not during cleanup (None: no bound)."""
     ahead: asyncio.Semaphore | None = None
     """How many units waiting for a slot may prepare (make their stack) ahead of it (None: none do)."""
+    model_upstream: ModelUpstream | None = None
+    """Where every model grant goes instead of its preset's upstream: the run's scripted model server, when
+    the run follows a model plan (``evaluate --model-plan``)."""
+    model_plan: dict[str, Any] | None = None
+    """The plan the run follows (its file and hash), recorded in each unit's run.json."""
 
 
 @dataclass
@@ -140,6 +146,7 @@ class _Unit:
             status=self.status,
             started_at=utc_now(),
             cleanup_mode=ctx.cleanup.value,
+            **({"model_plan": ctx.model_plan} if ctx.model_plan is not None else {}),
         )
 
     @contextlib.asynccontextmanager
@@ -382,18 +389,11 @@ async def _run_agent(
         record.event("agent_error", error=one_line(exc), traceback="".join(traceback.format_exception(exc)))
         result = AgentRunResult(status="failed", error=f"agent raised {one_line(exc)}")
     finally:
-        if grant is not None and ctx.gateway is not None:
-            usage = ctx.gateway.usage(plan.unit_id)
-            ctx.gateway.revoke(plan.unit_id)
-            record.write_json(MODEL_USAGE, usage)
-            record.event(
-                "model_usage",
-                requests=usage.get("requests"),
-                errors=usage.get("errors"),
-                refused=usage.get("refused"),
-                input_tokens=usage.get("input_tokens"),
-                output_tokens=usage.get("output_tokens"),
-            )
+        plan_error = _record_model_usage(plan, ctx, record) if grant is not None else None
+    if plan_error is not None:
+        # The model could not follow its plan: whatever the agent made of that answer, the unit's agent failed.
+        record.event("plan_error", error=plan_error, agent_status=result.status, agent_error=result.error)
+        result = result.model_copy(update={"status": "failed", "error": plan_error})
     result.duration_s = result.duration_s or time.monotonic() - started
     try:
         data = deployer.parse_artifacts(result).model_dump(mode="json", exclude_none=True)
@@ -404,6 +404,25 @@ async def _run_agent(
     return result
 
 
+def _record_model_usage(plan: UnitPlan, ctx: RunContext, record: UnitRecord) -> str | None:
+    """End the unit's grant and record what went through it; returns the plan error the upstream
+    answered, if any (only a scripted model server gives one)."""
+    if ctx.gateway is None:
+        return None
+    usage = ctx.gateway.usage(plan.unit_id)
+    ctx.gateway.revoke(plan.unit_id)
+    record.write_json(MODEL_USAGE, usage)
+    record.event(
+        "model_usage",
+        requests=usage.get("requests"),
+        errors=usage.get("errors"),
+        refused=usage.get("refused"),
+        input_tokens=usage.get("input_tokens"),
+        output_tokens=usage.get("output_tokens"),
+    )
+    return plan_error_in(usage)
+
+
 def _model_grant(plan: UnitPlan, ctx: RunContext, deployer_api: ModelApi | None) -> ModelGrant | None:
     """The unit's grant on the run's model gateway: a per-unit token in place of the real key."""
     model = plan.agent.model
@@ -412,14 +431,18 @@ def _model_grant(plan: UnitPlan, ctx: RunContext, deployer_api: ModelApi | None)
     api = model.api or deployer_api
     if api is None:
         raise AleIacError(f"agent {plan.agent.name}: model.api is not set and its deployer names no API")
-    grant = ctx.gateway.grant(
-        plan.unit_id,
-        api=api,
-        upstream_base_url=model.base_url,
-        api_key=ctx.secrets_env.get(model.api_key_secret) if model.api_key_secret else None,
-    )
+    name = model.name
+    upstream: str | None
+    api_key: str | None
+    if ctx.model_upstream is not None:  # the run follows a model plan: its scripted server is every upstream
+        upstream, api_key = ctx.model_upstream.base_url(api), ctx.model_upstream.api_key
+        name = model.scripted_name or model.name
+    else:
+        upstream = model.base_url
+        api_key = ctx.secrets_env.get(model.api_key_secret) if model.api_key_secret else None
+    grant = ctx.gateway.grant(plan.unit_id, api=api, upstream_base_url=upstream, api_key=api_key)
     return ModelGrant(
-        api=api, model=model.name, token=grant.token, tcp_root=ctx.gateway.tcp_root, attach_unix=grant.attach_unix
+        api=api, model=name, token=grant.token, tcp_root=ctx.gateway.tcp_root, attach_unix=grant.attach_unix
     )
 
 

@@ -33,6 +33,8 @@ from ale_iac.profile import CleanupMode, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
+from ale_iac.runner.model_plan import LOG_NAME as PLAN_LOG
+from ale_iac.runner.model_plan import PlanServer, plan_record
 from ale_iac.runner.progress import Progress
 from ale_iac.runner.provisioners import RETAINED, Pool, PoolProvisioner, Provisioner, StackProvisioner, static_pool
 from ale_iac.runner.records import MANIFEST, Redactor
@@ -111,19 +113,16 @@ def _finished_units(run_dir: Path) -> set[str]:
 
 def _secrets(experiment: Experiment) -> dict[str, str]:
     """Every secret the agents name, by variable name: the ones handed to agents (``secrets``) and the
-    model API keys (``model.api_key_secret``, which only the model gateway holds)."""
+    model API keys (``model.api_key_secret``, which only the model gateway holds; none when the run
+    follows a model plan: its scripted server has a throwaway key of its own)."""
     values = {}
     for agent in experiment.agents:
         named = [(f"agent {agent.name}: secrets", name) for name in agent.secrets]
-        if agent.model and agent.model.api_key_secret:
+        if agent.model and agent.model.api_key_secret and experiment.model_plan is None:
             named.append((f"agent {agent.name}: model.api_key_secret", agent.model.api_key_secret))
         for where, name in named:
             if not os.environ.get(name):
-                raise ConfigError(
-                    Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}",
-                    where,
-                    f"environment variable {name} is not set",
-                )
+                raise ConfigError(experiment.preset_file(agent), where, f"environment variable {name} is not set")
             values[name] = os.environ[name]
     return values
 
@@ -337,6 +336,7 @@ def run_experiment(
                         "spec": spec.model_dump(mode="json"),
                         "cleanup": cleanup.value,
                         "units": [p.unit_id for p in plans],
+                        **({"model_plan": plan_record(experiment.model_plan)} if experiment.model_plan else {}),
                     }
                 ),
                 indent=2,
@@ -361,7 +361,14 @@ def run_experiment(
         clis=clis,
     )
     warm = warm_bridges(experiment)
+    plan_server = PlanServer(experiment.model_plan, run_dir / PLAN_LOG) if experiment.model_plan else None
     try:
+        if plan_server is not None:
+            redactor.add(plan_server.key)
+            plan_server.start()
+            ctx.model_upstream = plan_server.upstream
+            ctx.model_plan = plan_record(plan_server.plan)
+            console.print(f"model plan {plan_server.plan}: scripted model server on {ctx.model_upstream.root}")
         ctx.gateway = start_gateway(experiment)
         if warm is not None:
             try:
@@ -377,6 +384,8 @@ def run_experiment(
             warm.close()
         if ctx.gateway is not None:
             ctx.gateway.close()
+        if plan_server is not None:
+            plan_server.close()
         registry.close()
         engine.close()
     outcomes.sort(key=lambda o: o.unit_id)

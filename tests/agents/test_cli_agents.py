@@ -3,7 +3,8 @@ model server on 127.0.0.1 plays the model, the run's gateway stands between, and
 demo task cli-log-stats for real in a local sandbox.
 
 * ``sandbox`` executor: the in-sandbox shape. The deployer and the CLI are carried into the sandbox;
-  the CLI uses its own shell for the work and the cua bridge for a screenshot.
+  the CLI uses its own shell for the work and the cua bridge for a screenshot. This is docs/models.md's
+  dry run as printed: the shipped presets, ``--model-plan`` and the run's own scripted model server.
 * ``docker`` executor: the out-of-sandbox shape. The same deployer classes run in a container; the
   CLIs have no shell of their own and do everything through the vm and cua bridges.
 
@@ -16,6 +17,7 @@ environments, searched after the run), and that the model server saw it (the gat
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -27,11 +29,14 @@ import yaml
 
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, read_unit_handle
-from ale_iac.models.plan import Plan
+from ale_iac.models.plan import Plan, load_plan
 from ale_iac.models.scripted import ScriptedModelServer
+from ale_iac.runner import runner
 from ale_iac.runner.experiment import load_experiment
+from ale_iac.runner.model_plan import PlanServer
 from ale_iac.runner.runner import RunSummary, run_experiment
 from tests.support.sandbox import Endpoint, run
+from tests.test_docs_models import dry_run_command
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -43,6 +48,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = REPO / "examples" / "tasks" / "cli-log-stats"
+PLAN_FILE = REPO / "examples" / "plans" / "cli-log-stats.yaml"
 KEY_ENV = "ALE_TEST_MODEL_KEY"
 OUT = "/data/tasks/cli-log-stats/output"
 SUMMARY = (
@@ -146,15 +152,50 @@ def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> N
         assert search["stdout"] == "", f"the API key is in the sandbox: {search['stdout']}"
 
 
+def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunSummary, dict[str, int], str]:
+    """docs/models.md's dry run as printed (the shipped presets, ``--model-plan``, no key in the environment),
+    retaining the sandboxes; the served totals from the run's scripted model server, and its throwaway key."""
+    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    started: list[PlanServer] = []
+
+    class Recorded(PlanServer):
+        def start(self) -> None:
+            super().start()
+            started.append(self)
+
+    monkeypatch.setattr(runner, "PlanServer", Recorded)
+    argv = dry_run_command()
+    overrides = {"model_plan": str(REPO / argv[argv.index("--model-plan") + 1]), "cleanup": "retain"}
+    experiment = load_experiment(REPO / argv[1], {**overrides, "output_root": str(tmp_path / "runs")})
+    summary = run_experiment(experiment)
+    log = (summary.run_dir / "model_server.log").read_text()
+    found = re.search(r"served (\d+) request\(s\), (\d+) input and (\d+) output tokens; 0 plan error\(s\)", log)
+    assert found, log
+    # Claude Code sends its preset's model name; Codex its scripted_name (so that it offers its MCP tools).
+    assert "(anthropic, claude-sonnet-4-5)" in log and "(openai, scripted-model)" in log, log
+    served = dict(zip(("requests", "input_tokens", "output_tokens"), map(int, found.groups()), strict=True))
+    return summary, served, started[0].key
+
+
 @pytest.mark.parametrize("executor", ["sandbox", pytest.param("docker", marks=pytest.mark.docker)])
 def test_real_clis_solve_a_task_through_the_gateway(
-    executor: str, tmp_path: Path, model_key: str, engine: Engine
+    executor: str, tmp_path: Path, model_key: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plan = Plan.model_validate({"scripts": [{"match": "summary.txt", "turns": PLANS[executor]}]})
-    with ScriptedModelServer(plan, api_key=model_key) as server:
-        summary: RunSummary = run_experiment(load_experiment(lab(tmp_path, executor, server)))
-        served = server.usage_served()
-        assert server.plan_errors == []
+    """In the sandbox: the docs' dry run (``--model-plan``) exactly; in a container: the presets pointed at a
+    scripted model server of the test's own, with a key of its own."""
+    if executor == "sandbox":
+        summary, served, model_key = dry_run(tmp_path, monkeypatch)
+        assert (
+            load_plan(PLAN_FILE).scripts[0].turns
+            == Plan.model_validate({"scripts": [{"match": ".", "turns": PLANS["sandbox"]}]}).scripts[0].turns
+        )
+    else:
+        plan = Plan.model_validate({"scripts": [{"match": "summary.txt", "turns": PLANS[executor]}]})
+        with ScriptedModelServer(plan, api_key=model_key) as server:
+            summary = run_experiment(load_experiment(lab(tmp_path, executor, server)))
+            served = server.usage_served()
+            assert server.plan_errors == []
     by_agent = {o.agent: o for o in summary.outcomes}
     assert set(by_agent) == set(AGENTS)
     handles = []

@@ -55,9 +55,9 @@ def claude(url: str, token: str, results: int = 0, *, stream: bool = True, promp
         return events.get_final_message()
 
 
-def codex(url: str, token: str, results: int = 0, *, stream: bool = True) -> Any:
+def codex(url: str, token: str, results: int = 0, *, stream: bool = True, prompt: str = "list the files") -> Any:
     client = openai_client(url, token)
-    items: Any = codex_input("list the files", results)
+    items: Any = codex_input(prompt, results)
     if not stream:
         return client.responses.create(model="m", input=items, tools=CODEX_TOOLS)  # type: ignore[arg-type]
     events = list(client.responses.create(model="m", input=items, tools=CODEX_TOOLS, stream=True))  # type: ignore[arg-type]
@@ -257,7 +257,21 @@ def test_upstream_errors_and_broken_streams_are_counted(upstream: ScriptedModelS
     assert (usage["requests"], usage["errors"]) == (2, 2)
     assert [c["status"] for c in usage["calls"]] == [500, 200]
     assert usage["calls"][0]["error"] == "upstream answered HTTP 500"
+    assert usage["calls"][0]["upstream_error"] == "scripted failure (http_500)"
     assert usage["calls"][1]["error"].startswith("upstream stream broke")
+    assert usage["calls"][1]["upstream_error"] is None
+
+
+def test_a_plan_error_of_the_upstream_is_in_the_units_record(
+    upstream: ScriptedModelServer, gateway: ModelGateway
+) -> None:
+    """The upstream's own error message is kept per call: that is how a run reads a plan error back per unit."""
+    grant = gateway.grant("unit-1", api="openai", upstream_base_url=upstream.base_url + "/v1", api_key=REAL_KEY)
+    with pytest.raises(openai.BadRequestError):
+        codex(grant.base_url(gateway.tcp_root), grant.token, prompt="nothing the plan knows")
+    (call,) = gateway.usage("unit-1")["calls"]
+    assert (call["status"], call["error"]) == (400, "upstream answered HTTP 400")
+    assert call["upstream_error"] == "plan error: no script matches the prompt 'nothing the plan knows'"
 
 
 def _read_in_background(

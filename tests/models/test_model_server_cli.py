@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anthropic
+import pytest
+
 from tests.models.helpers import CLAUDE_TOOLS, anthropic_client, claude_messages
 from tests.support.cli import REPO, ale_iac
 
@@ -68,7 +71,8 @@ def test_plan_errors_make_it_exit_1(tmp_path: Path) -> None:
     path = tmp_path / "plan.yaml"
     path.write_text(PLAN)
     with model_server(path) as (process, url, _banner):
-        anthropic_client(url, "k").messages.create(model="m", max_tokens=5, messages=claude_messages("other"))
+        with pytest.raises(anthropic.BadRequestError, match="plan error: no script matches the prompt 'other'"):
+            anthropic_client(url, "k").messages.create(model="m", max_tokens=5, messages=claude_messages("other"))
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 1, err

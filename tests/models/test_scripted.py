@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from ale_iac.models.scripted import ScriptedModelServer, ServedRequest
+from ale_iac.models.scripted import PLAN_ERROR, ScriptedModelServer, ServedRequest, prompt_of, task_text_of
 from tests.models.conftest import MakeServer
 from tests.models.helpers import (
     CLAUDE_TOOLS,
@@ -45,6 +45,13 @@ def ask_codex(server_url: str, items: list[dict[str, Any]], *, stream: bool, too
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert done == events[-1].response.output
     return events[-1].response
+
+
+def error_message(exc: anthropic.APIStatusError | openai.APIStatusError) -> str:
+    """The ``error.message`` of an error answer, as either SDK parsed it."""
+    body: Any = exc.body
+    body = body.get("error", body) if isinstance(body, dict) else {}
+    return str(body.get("message"))
 
 
 @STREAMING
@@ -121,17 +128,19 @@ def test_the_turn_comes_from_the_request_so_conversations_can_interleave(server:
 
 
 def test_a_tool_the_request_does_not_offer_is_a_plan_error(server: ScriptedModelServer) -> None:
-    reply = ask_claude(server.base_url, claude_messages("list the files"), stream=True, tools=CLAUDE_TOOLS[:1])
-    (text,) = reply.content
-    assert text.type == "text" and text.text.startswith("PLAN ERROR: ")
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        ask_claude(server.base_url, claude_messages("list the files"), stream=True, tools=CLAUDE_TOOLS[:1])
+    assert error_message(refused.value).startswith(PLAN_ERROR)
     (error,) = server.plan_errors
     assert "mcp:vm.run_command" in error and "tools offered: Bash" in error
-    assert server.requests[0].served == "plan_error"
+    assert error in error_message(refused.value)
+    assert (server.requests[0].served, server.requests[0].status) == ("plan_error", 400)
 
 
 def test_deferred_tools_get_a_hint(server: ScriptedModelServer) -> None:
     deferred = [{"name": "ToolSearch", "description": "x", "input_schema": {"type": "object", "properties": {}}}]
-    ask_claude(server.base_url, claude_messages("list the files"), stream=False, tools=deferred)
+    with pytest.raises(anthropic.BadRequestError):
+        ask_claude(server.base_url, claude_messages("list the files"), stream=False, tools=deferred)
     (error,) = server.plan_errors
     assert "ENABLE_TOOL_SEARCH=false" in error
 
@@ -155,14 +164,30 @@ def test_older_codex_tool_shapes_are_mapped(make_server: MakeServer) -> None:
     assert server.plan_errors == []
 
 
-def test_no_matching_script_and_no_turn_left_are_plan_errors(make_server: MakeServer) -> None:
+def test_no_matching_script_and_no_turn_left_are_plan_errors_both_apis_refuse(make_server: MakeServer) -> None:
+    """A plan error is an HTTP 400 (no SDK retries it) saying why; the prompt it quotes is the task's own
+    text, not the blocks the CLI wraps its context in."""
     server = make_server(plan(("only tools", [{"tool": "shell", "arguments": {"command": "ls"}}])))
-    reply = ask_claude(server.base_url, claude_messages("something else"), stream=True)
-    assert reply.content[0].text.startswith("PLAN ERROR: no script matches the prompt")
-    past = ask_claude(server.base_url, claude_messages("only tools", results=1), stream=True)
-    assert "no text turn" in past.content[0].text
-    assert len(server.plan_errors) == 2
+    with pytest.raises(anthropic.BadRequestError) as claude_refused:
+        ask_claude(server.base_url, claude_messages("something else"), stream=True)
+    assert error_message(claude_refused.value) == f"{PLAN_ERROR}no script matches the prompt 'something else'"
+    with pytest.raises(openai.BadRequestError) as codex_refused:
+        ask_codex(server.base_url, codex_input("another thing"), stream=True)
+    assert error_message(codex_refused.value) == f"{PLAN_ERROR}no script matches the prompt 'another thing'"
+    with pytest.raises(anthropic.BadRequestError) as past:
+        ask_claude(server.base_url, claude_messages("only tools", results=1), stream=True)
+    assert "no text turn" in error_message(past.value)
+    assert len(server.plan_errors) == 3
     assert server.usage_served()["input_tokens"] == 0
+
+
+def test_the_task_text_leaves_out_the_clis_own_blocks() -> None:
+    reminder = "<system-reminder>\nAs you answer, use this context: today is Monday.\n</system-reminder>\n"
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": reminder + "Count the errors."}]}]}
+    assert task_text_of("anthropic", body) == "Count the errors."
+    assert task_text_of("openai", {"input": codex_input("Count the <b>warnings</b>.")}) == "Count the <b>warnings</b>."
+    only_blocks = {"messages": [{"role": "user", "content": reminder}]}
+    assert task_text_of("anthropic", only_blocks) == prompt_of("anthropic", only_blocks)
 
 
 def test_past_the_end_the_last_answer_is_served_again(server: ScriptedModelServer) -> None:

@@ -41,7 +41,8 @@ def test_a_function_tool_is_called_by_its_own_name_on_both_apis(make_server: Mak
     assert (item.type, item.name, item.arguments) == ("function_call", "exec", '{"command": "ls"}')
     assert [r.tool for r in server.requests] == ["exec", "exec"]
     # not offered: a plan error, never a call of something else
-    claude(server.base_url, "list", tools=[{**CLAUDE_EXEC[0], "name": "run"}])
+    with pytest.raises(anthropic.BadRequestError):
+        claude(server.base_url, "list", tools=[{**CLAUDE_EXEC[0], "name": "run"}])
     assert server.plan_errors and "fn:exec" in server.plan_errors[0] and "run" in server.plan_errors[0]
 
 
