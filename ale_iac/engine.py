@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from pulumi import automation as auto
@@ -72,19 +72,50 @@ class StackOperationError(AleIacError):
         super().__init__(f"pulumi {operation} of stack '{stack}' failed: {message}")
 
 
+GENERIC_DIAGNOSTICS: Final = frozenset(f"error: {op} failed" for op in ("update", "preview", "destroy", "refresh"))
+"""The engine's summary diagnostics, which say only that the operation failed; left out when another says why."""
+_TRACEBACK: Final = "Traceback (most recent call last):"
+_QUALIFIED_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?:Error|Exception|Exit)\b)")
+
+
 def engine_message(exc: BaseException) -> str:
-    """The lines of a CLI failure a person needs (``error:`` diagnostics), not the whole transcript."""
+    """The lines of a CLI failure a person needs (``error:`` diagnostics), not the whole transcript.
+
+    A diagnostic that is a Python traceback (a dynamic provider's exception: a substrate's driver that
+    failed) is its last line, the exception, not its first (``Traceback (most recent call last):``); the
+    engine's ``error: update failed`` is left out when another diagnostic says why."""
     parts = [str(getattr(exc, attr, "") or "") for attr in ("stderr", "stdout")]
     text = "\n".join(p for p in parts if p) or str(exc)
-    lines = [ln.strip() for ln in text.splitlines()]
-    picked = [ln for ln in lines if ln.startswith("error:") or "error:" in ln[:40]]
+    picked = _diagnostics(text.splitlines())
     if not picked:
-        picked = [ln for ln in lines if ln][-3:]
-    seen: list[str] = []
-    for line in picked:
-        if line not in seen:
-            seen.append(line)
+        picked = [ln.strip() for ln in text.splitlines() if ln.strip()][-3:]
+    specific = [line for line in picked if line not in GENERIC_DIAGNOSTICS]
+    seen = list(dict.fromkeys(specific or picked))
     return " | ".join(seen)[:2000] or type(exc).__name__
+
+
+def _diagnostics(lines: list[str]) -> list[str]:
+    """One line per ``error:`` diagnostic of the engine's output: its first line, or for a traceback
+    (its lines follow, indented at least as much as the ``error:``, up to a blank line) the exception
+    it ends with, its module path left out."""
+    picked = []
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if not (stripped.startswith("error:") or "error:" in stripped[:40]):
+            continue
+        if not stripped.endswith(_TRACEBACK):
+            picked.append(stripped)
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = []
+        for follower in lines[index + 1 :]:  # the message's lines: as indented as its "error:", or more
+            if not follower.strip() or len(follower) - len(follower.lstrip()) < indent:
+                break
+            if follower.strip().startswith(("error:", "warning:")):
+                break
+            body.append(follower.strip())
+        picked.append(_QUALIFIED_EXCEPTION.sub("", body[-1]) if body else stripped)
+    return picked
 
 
 def check_stack_name(name: str) -> str:

@@ -18,6 +18,15 @@ class Check:
     sandbox records as not applied): doctor prints it, nothing refuses to run for it."""
 
 
+def fit_cpu_quota(requested: int | None, host_cpus: int) -> tuple[int | None, str | None]:
+    """The CPU quota a sandbox gets for a shape's ``requested`` vCPUs on a host with ``host_cpus`` CPUs, and
+    what to record when the request is not kept. A quota of at least every CPU restricts nothing, so the
+    sandbox gets none: it is fitted to the host (a docker engine even refuses a quota above its CPUs)."""
+    if requested is not None and requested >= host_cpus:
+        return None, f"fitted to the host: it has {host_cpus} CPUs, the shape asked {requested}; not restricted"
+    return requested, None
+
+
 def _which(tool: str) -> Check:
     path = shutil.which(tool)
     return Check(tool, path is not None, path or "not installed")

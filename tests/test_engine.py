@@ -13,9 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac.engine import Engine, StackLockedError, StackNotFoundError, engine_message, sweep_orphan_providers
+from ale_iac.engine import (
+    Engine,
+    StackLockedError,
+    StackNotFoundError,
+    StackOperationError,
+    engine_message,
+    sweep_orphan_providers,
+)
+from ale_iac.errors import one_line
 from ale_iac.toolchain import PulumiNotFoundError, PulumiTooOldError, find_toolchain, probe
-from tests.support.engine import marker_program
+from tests.support.engine import failing_program, marker_program
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -157,6 +165,50 @@ def test_engine_message_keeps_error_lines() -> None:
         stdout = ""
 
     assert engine_message(FakeError()) == "error: the real reason"
+
+
+DOCKER_400 = (
+    "docker unit u-1: 400 Client Error for http+docker://localhost/v1.51/containers/create: Bad Request "
+    '("Range of CPUs is from 0.01 to 2.00, as there are only 2 CPUs available")'
+)
+
+
+def test_engine_message_of_a_provider_traceback_is_its_exception() -> None:
+    """A dynamic provider that raised: the engine's diagnostic is a traceback; what a person needs is its
+    last line (the exception), not its first, and not the engine's own ``update failed``."""
+
+    class FakeError(Exception):
+        stderr = ""
+        stdout = "\n".join(
+            [
+                " +  pulumi-python:dynamic:Resource u-1 creating (0s) error: Traceback (most recent call last):",
+                "Diagnostics:",
+                "  pulumi:pulumi:Stack (ale-iac-run-1):",
+                "    error: update failed",
+                "",
+                "  pulumi-python:dynamic:Resource (u-1):",
+                "    error: Traceback (most recent call last):",
+                '      File "/x/pulumi/dynamic/__main__.py", line 170, in Create',
+                "        result = provider.create(props)",
+                "                 ^^^^^^^^^^^^^^^^^^^^^^",
+                f"    ale_iac.substrates.docker.runtime.DockerSubstrateError: {DOCKER_400}",
+                "",
+                "Resources:",
+                "    2 errored",
+            ]
+        )
+
+    assert engine_message(FakeError()) == f"DockerSubstrateError: {DOCKER_400}"
+
+
+@pytest.mark.engine
+def test_a_provider_that_raises_fails_the_up_with_its_exception(tmp_path: Path) -> None:
+    engine = Engine()
+    with pytest.raises(StackOperationError) as info:
+        engine.up("t-provider-raises", failing_program(DOCKER_400))
+    engine.destroy("t-provider-raises")
+    assert info.value.engine_message == f"AleIacError: {DOCKER_400}"
+    assert one_line(info.value) == f"pulumi up of stack 't-provider-raises' failed: AleIacError: {DOCKER_400}"
 
 
 @pytest.mark.engine

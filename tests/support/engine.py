@@ -13,6 +13,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
+from ale_iac.errors import AleIacError
+
 
 class MarkerProvider(dyn.ResourceProvider):
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
@@ -47,5 +49,26 @@ def marker_program(path: str, content: str, hold_s: float = 0) -> Any:
         pulumi.export("path", marker.path)
         pulumi.export("size", marker.size)
         pulumi.export("secret", pulumi.Output.secret("s3cr3t-" + content))
+
+    return program
+
+
+class FailingProvider(dyn.ResourceProvider):
+    """Its create raises ``props["error"]``, the way a substrate's driver fails in a unit's provider."""
+
+    def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        raise AleIacError(props["error"])
+
+
+class Failing(dyn.Resource):
+    def __init__(self, name: str, error: str) -> None:
+        super().__init__(FailingProvider(), name, {"error": error})
+
+
+def failing_program(error: str) -> Any:
+    """A program whose one resource fails to create with ``error`` (a traceback in the engine's output)."""
+
+    def program() -> None:
+        Failing("doomed", error)
 
     return program

@@ -28,10 +28,12 @@ The container's ``ale-iac.spec`` label is the unit's spec (image, screen, limits
 the token a reset gave it (the port from the engine, the token from the container's own file, through the
 archive API: never an environment variable or a command line).
 
-Limits come from the shape: ``vcpus`` as a CPU quota (``NanoCpus``), ``memory_gb`` as memory with no swap
-on top, ``shm_gb`` as ``/dev/shm``, ``pids_limit``; no privileged mode, no added capability (six of the
-engine's defaults dropped: the set left is the local substrate's), ``no-new-privileges``, the engine's
-default seccomp profile. There is no user namespace (the engine runs without ``userns-remap``): root inside
+Limits come from the shape: ``vcpus`` as a CPU quota (``NanoCpus``; none when the shape asks at least every
+CPU of the engine's host, recorded as fitted to the host), ``memory_gb`` as memory with no swap on top,
+``shm_gb`` as ``/dev/shm``, ``pids_limit``; what became of each is in the container's ``ale-iac.limits``
+label (:func:`limits_of`, the unit's record). No privileged mode, no added capability (six of the engine's
+defaults dropped: the set left is the local substrate's), ``no-new-privileges``, the engine's default
+seccomp profile. There is no user namespace (the engine runs without ``userns-remap``): root inside
 is the host's uid 0 confined by the above.
 """
 
@@ -54,6 +56,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
 from ale_iac.errors import AleIacError
+from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ LABEL_HOME = f"{LABEL}home"
 LABEL_EXPIRES = f"{LABEL}expires"
 LABEL_SPEC = f"{LABEL}spec"
 """On the container only: its :class:`DockerSandboxSpec` as JSON (what :func:`reset` starts again)."""
+LABEL_LIMITS = f"{LABEL}limits"
+"""On the container only: its :class:`Limit` records as JSON, what became of each limit asked (:func:`limits_of`)."""
 IDENTITY_LABELS = ("stack", "unit", "run", "profile")
 """Unit labels that become ``ale-iac.<name>`` labels of its engine objects."""
 
@@ -137,6 +142,19 @@ class Limit:
     requested: str | None
     applied: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class HostResources:
+    """What the engine's host has (``docker info``): a shape's limits are fitted to it."""
+
+    cpus: int
+    memory_bytes: int
+
+
+def host_resources(engine: DockerClient) -> HostResources:
+    info = engine.info()
+    return HostResources(cpus=int(info.get("NCPU") or 1), memory_bytes=int(info.get("MemTotal") or 0))
 
 
 @dataclass(frozen=True)
@@ -318,7 +336,11 @@ def _command(spec: DockerSandboxSpec) -> list[str]:
     return ["/bin/sh", "-c", f"{proxy} >/var/log/ale/authproxy.log 2>&1 & {init}"]
 
 
-def _limits(spec: DockerSandboxSpec) -> tuple[dict[str, Any], list[Limit]]:
+def _limits(spec: DockerSandboxSpec, host: HostResources) -> tuple[dict[str, Any], list[Limit]]:
+    """The engine's arguments for the shape's limits, and what became of each. The CPU quota is fitted
+    to the host as the local substrate fits its own (``hostcheck.fit_cpu_quota``: a shape asking at least
+    every CPU gets no quota; the engine would refuse one above its CPUs). Memory is set as asked (the
+    engine takes a limit above the host's); the record then says the host's memory is the real bound."""
     kwargs: dict[str, Any] = {
         "pids_limit": int(spec.pids_limit),
         "shm_size": f"{max(1, round(spec.shm_gb * 1024))}m",
@@ -327,16 +349,38 @@ def _limits(spec: DockerSandboxSpec) -> tuple[dict[str, Any], list[Limit]]:
         Limit("pids", str(spec.pids_limit), True),
         Limit("shm", f"{spec.shm_gb:g}GiB", True),
     ]
-    if spec.vcpus is not None:
-        kwargs["nano_cpus"] = int(spec.vcpus * 1_000_000_000)
-    limits.append(Limit("cpu", None if spec.vcpus is None else str(spec.vcpus), spec.vcpus is not None))
+    cpus, fitted = fit_cpu_quota(spec.vcpus, host.cpus)
+    if cpus is not None:
+        kwargs["nano_cpus"] = int(cpus * 1_000_000_000)
+    limits.append(Limit("cpu", None if spec.vcpus is None else str(spec.vcpus), cpus is not None, fitted or ""))
+    detail = ""
     if spec.memory_gb is not None:
         memory = f"{max(64, round(spec.memory_gb * 1024))}m"
         kwargs.update(mem_limit=memory, memswap_limit=memory)
+        if host.memory_bytes and spec.memory_gb * 2**30 > host.memory_bytes:
+            detail = (
+                f"above the host's memory: it has {host.memory_bytes / 2**30:.1f} GiB, the shape asked "
+                f"{spec.memory_gb:g} GiB; the host's memory is the real bound"
+            )
     limits.append(
-        Limit("memory", None if spec.memory_gb is None else f"{spec.memory_gb:g}GiB", spec.memory_gb is not None)
+        Limit(
+            "memory", None if spec.memory_gb is None else f"{spec.memory_gb:g}GiB", spec.memory_gb is not None, detail
+        )
     )
     return kwargs, limits
+
+
+def limits_of(sandbox_id: str, engine: DockerClient | None = None) -> list[Limit] | None:
+    """What became of the limits the unit's shape asked (as its container records them), or None when
+    its container is gone or records none."""
+    with _engine(engine) as docker_engine:
+        found = docker_engine.containers.list(
+            all=True, filters={"label": [f"{LABEL_SANDBOX}={sandbox_id}", f"{LABEL_KIND}={KIND}"]}
+        )
+    recorded = found[0].labels.get(LABEL_LIMITS) if found else None
+    if not recorded:
+        return None
+    return [Limit(**item) for item in json.loads(recorded)]
 
 
 def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> DockerSandboxState:
@@ -355,13 +399,14 @@ def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> Docker
             for role, mount in VOLUMES.items():
                 volume = docker_engine.volumes.create(f"{container_name(spec.sandbox_id)}-{role}", labels=labels)
                 volumes[str(volume.name)] = {"bind": mount, "mode": "rw"}
-            kwargs, limits = _limits(spec)
+            kwargs, limits = _limits(spec, host_resources(docker_engine))
+            recorded = json.dumps([dataclasses.asdict(limit) for limit in limits])
             container = docker_engine.containers.create(
                 spec.image,
                 command=_command(spec),
                 entrypoint=[],
                 name=container_name(spec.sandbox_id),
-                labels={**labels, LABEL_SPEC: spec.to_json()},
+                labels={**labels, LABEL_SPEC: spec.to_json(), LABEL_LIMITS: recorded},
                 network=network,
                 ports=PUBLISH,
                 volumes=volumes,

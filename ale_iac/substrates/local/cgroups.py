@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ale_iac.hostcheck import Check
+from ale_iac.hostcheck import Check, fit_cpu_quota
 
 ROOT: Final = Path("/sys/fs/cgroup")
 CPU_PERIOD_US: Final = 100_000
@@ -154,11 +154,10 @@ class SandboxCgroups:
         self.records: list[LimitRecord] = []
 
     def apply(self, limits: Limits, host_cpus: int) -> None:
-        if limits.cpus is not None and limits.cpus >= host_cpus:
-            self.records.append(
-                LimitRecord("vcpus", str(limits.cpus), False, f"host has {host_cpus} CPUs: not restricted")
-            )
-            limits = Limits(limits.memory_gb, limits.pids_max, None)
+        cpus, fitted = fit_cpu_quota(limits.cpus, host_cpus)
+        if fitted is not None:
+            self.records.append(LimitRecord("vcpus", str(limits.cpus), False, fitted))
+            limits = Limits(limits.memory_gb, limits.pids_max, cpus)
         if is_v1(self.root):
             self._apply_v1(limits)
         else:

@@ -99,6 +99,26 @@ def test_limits_labels_and_hardening_are_applied(unit: DockerSandboxState, docke
         assert info.labels[f"ale-iac.{key}"] == value
 
 
+def test_a_shape_larger_than_the_host_is_fitted_to_it_and_recorded(docker_image: str) -> None:
+    """The engine refuses a CPU quota above its CPUs (400 "Range of CPUs is from 0.01 to N"): a unit whose
+    shape asks more gets none, like a local sandbox, and its record says so with the numbers."""
+    client = runtime.client()
+    try:
+        host = runtime.host_resources(client)
+    finally:
+        client.close()
+    state = _start(docker_image, vcpus=host.cpus + 2, memory_gb=1)
+    try:
+        assert runtime.inspect_limits(state.container_id)["NanoCpus"] == 0
+        cpu = {limit.name: limit for limit in state.limits}["cpu"]
+        assert not cpu.applied and cpu.requested == str(host.cpus + 2)
+        assert f"it has {host.cpus} CPUs, the shape asked {host.cpus + 2}" in cpu.detail
+        assert runtime.limits_of(state.sandbox_id) == state.limits  # what the unit's record reads back
+    finally:
+        runtime.stop(state.sandbox_id)
+    assert runtime.limits_of(state.sandbox_id) is None
+
+
 def test_the_token_is_in_no_configuration_the_engine_shows(unit: DockerSandboxState, docker_engine: None) -> None:
     client = runtime.client()
     try:
