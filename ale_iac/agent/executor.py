@@ -120,6 +120,13 @@ class BaseExecutor(ABC):
         self.env = dict(env)
         self.redact = redact
 
+    @classmethod
+    def check_preset(cls, config: AgentConfig, source: str | Path) -> None:
+        """Check, before any sandbox exists, that this executor can load ``config``'s deployer where it runs
+        it (``source``: the preset file, for the error). Here, on this host, the runner's own load of the
+        deployer says so; an executor that ships the deployer elsewhere checks what it ships."""
+        del config, source
+
     async def run_deployer(self, deployer: Runnable, prompt: str, timeout_s: float) -> AgentRunResult:
         """Run ``install`` then ``launch`` within ``timeout_s`` (install included) and return the result.
 

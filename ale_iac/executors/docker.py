@@ -58,12 +58,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from ale_iac import images, procs
-from ale_iac.agent.config import AgentRunResult, BridgeKind
+from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind
 from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, UnitOutputs
 from ale_iac.errors import AleIacError
 from ale_iac.executors.bundle import ensure_bundle
-from ale_iac.executors.entry import DONE_FILE, MODEL_TOKEN_SECRET, RESULT_FILE, SPEC_FILE, build_spec
+from ale_iac.executors.entry import (
+    DONE_FILE,
+    MODEL_TOKEN_SECRET,
+    RESULT_FILE,
+    SPEC_FILE,
+    build_spec,
+    check_shipped_deployer,
+)
 from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.paths import home_id
 from ale_iac.substrates.relay import serve_relay
@@ -183,6 +190,10 @@ class DockerExecutor(HostWorkDir):
 
     kind: ClassVar[str] = "docker"
     native_shell: ClassVar[bool] = False
+
+    @classmethod
+    def check_preset(cls, config: AgentConfig, source: str | Path) -> None:
+        check_shipped_deployer(cls.kind, config, source)
 
     # -- what the deployer sees inside -------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, TaskPa
 from ale_iac.agent.deployer import load_deployer_class
 from ale_iac.agent.executor import BridgeLaunch, ModelAccess
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV, UnitOutputs
+from ale_iac.errors import ConfigError
 from ale_iac.executors.local import LocalExecutor
 from ale_iac.files import PrivateDir, write_json_atomic
 from ale_iac.sandbox.handle import SandboxHandle
@@ -94,6 +95,38 @@ def build_spec(
         "prompt": prompt,
         "timeout_s": timeout_s,
     }
+
+
+SHIPPED_PACKAGE = "ale_iac"
+"""The one package a ``module:Class`` deployer may live in where the entry runs (beside the preset folder)."""
+
+
+def check_shipped_deployer(kind: str, config: AgentConfig, source: str | Path) -> None:
+    """What the entry will load, checked on the host before anything is provisioned: the ``sandbox`` and
+    ``docker`` executors ship the preset folder (and ``ale_iac`` with the runtime bundle) and nothing else,
+    so a ``file.py:Class`` deployer must be a file inside that folder, named relative to it, and a
+    ``module:Class`` one must be a module of ``ale_iac``. (That it imports is the runner's own load of it.)"""
+    target = config.deployer.rpartition(":")[0]
+    if not target.endswith(".py"):
+        if target.split(".")[0] != SHIPPED_PACKAGE:
+            raise ConfigError(
+                source,
+                "deployer",
+                f"module {target!r} is not shipped by the {kind} executor (it ships the preset folder and "
+                f"{SHIPPED_PACKAGE}): put the deployer in the preset folder and name it 'file.py:Class'",
+            )
+        return
+    folder = Path(config.source_dir).resolve()
+    path = (folder / target).resolve()
+    if Path(target).is_absolute() or not path.is_relative_to(folder):
+        raise ConfigError(
+            source,
+            "deployer",
+            f"{target} is outside the preset folder {folder}; the {kind} executor ships only that folder, so "
+            "the deployer would not exist where it runs: move it into the preset folder and name it relative to it",
+        )
+    if not path.is_file():
+        raise ConfigError(source, "deployer", f"{path} is not a file in the preset folder {folder}")
 
 
 class _InPlaceExecutor(LocalExecutor):

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from ale_iac.agent.config import AgentRunResult, BridgeKind
+from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind
 from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
@@ -59,6 +59,10 @@ UPLOAD_BLOCK = 32 * 1024 * 1024
 class SandboxExecutor(HostWorkDir):
     kind: ClassVar[str] = "sandbox"
     native_shell: ClassVar[bool] = True
+
+    @classmethod
+    def check_preset(cls, config: AgentConfig, source: str | Path) -> None:
+        entry.check_shipped_deployer(cls.kind, config, source)
 
     # -- where things are inside ---------------------------------------------------------------
 

@@ -143,10 +143,13 @@ def check_agents(experiment: Experiment) -> None:
     supports its executor, and accepts its settings (``BaseAgentDeployer.validate_config``)."""
     tools = bridge_tools()
     for agent in experiment.agents:
-        source = Path(agent.source_dir) / "preset.yaml" if agent.source_dir else f"agent {agent.name}"
-        deployer_cls = load_deployer_class(agent)
+        source = experiment.preset_file(agent)
+        try:
+            deployer_cls = load_deployer_class(agent)
+        except ConfigError as exc:  # it names the agent; the preset file is what to open
+            raise ConfigError(source, exc.field, exc.detail) from None
         kind = executor_kind(agent)
-        executor_class(kind, agent.name)
+        executor_class(kind, agent.name).check_preset(agent, source)  # what it will ship and load where it runs
         if kind not in deployer_cls.supported_executors:
             raise ConfigError(
                 source,

@@ -101,3 +101,27 @@ def test_the_shipped_presets_pass_the_checks() -> None:
         data = yaml.safe_load((SCRIPTED / preset).read_text())
         config = AgentConfig.model_validate({**data, "source_dir": str(SCRIPTED)})
         load_deployer_class(config).validate_config(config, runner.bridge_tools())
+
+
+@pytest.mark.parametrize("executor", ["sandbox", "docker"])
+def test_a_deployer_the_executor_would_not_ship_fails_before_any_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: str
+) -> None:
+    """The sandbox and docker executors ship the preset folder (and ale_iac) only: a deployer named by an
+    absolute path, or a module outside ale_iac, loads on this host but would not exist where it runs."""
+    monkeypatch.setattr(runner, "Engine", _NoEngine)
+    elsewhere = str(REPO / "agents" / "claude_code" / "deployer.py") + ":ClaudeCodeDeployer"
+    preset = {"name": "cc", "deployer": elsewhere, "executor": executor, "model": "m"}
+    with pytest.raises(ConfigError) as info:
+        runner.run_experiment(load_experiment(_experiment(tmp_path, preset)))
+    assert (info.value.source, info.value.field) == (str(tmp_path / "agent.yaml"), "deployer")
+    assert "outside the preset folder" in info.value.detail and f"the {executor} executor ships" in info.value.detail
+    (tmp_path / "answer").rename(tmp_path / "answer-old")
+    preset = {**preset, "deployer": "tests.support.agents:WriterAgent"}
+    with pytest.raises(ConfigError, match=f"module 'tests.support.agents' is not shipped by the {executor} executor"):
+        runner.run_experiment(load_experiment(_experiment(tmp_path, preset)))
+    assert not (tmp_path / "runs").exists()
+    # The same deployer file runs on this host under the local executor: its preset passes.
+    runner.check_agents(
+        load_experiment(_experiment(tmp_path / "local", {**preset, "deployer": elsewhere, "executor": "local"}))
+    )
