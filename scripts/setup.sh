@@ -35,6 +35,15 @@ PYTHON="${ALE_IAC_PYTHON:-python3}"
 T0=$(date +%s)
 
 step() { printf '[setup] %-40s ' "$1" >&2; STEP_T=$(date +%s%N); }
+# quiet CMD...: run CMD with its output in a temporary log, shown only when it fails (so the step lines stay
+# readable: apt's debconf notes and pip's build warnings are noise when all goes well).
+quiet() {
+  local out code=0; out=$(mktemp)
+  "$@" >"$out" 2>&1 || code=$?
+  if ((code == 0)); then rm -f "$out"; return 0; fi
+  echo >&2; echo "[setup] failed (exit $code): $*" >&2; tail -n 40 "$out" >&2; rm -f "$out"
+  return "$code"
+}
 done_step() {
   local ms=$(( ($(date +%s%N) - STEP_T) / 1000000 ))
   printf '%s (%d.%01d s)\n' "${1:-done}" $((ms / 1000)) $((ms % 1000 / 100)) >&2
@@ -54,8 +63,8 @@ if ((${#missing[@]})); then
     echo >&2; echo "[setup] missing Debian packages: ${missing[*]} (run as root, or install them)" >&2; exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  quiet apt-get update -qq
+  quiet apt-get install -y -qq --no-install-recommends "${missing[@]}"
   done_step "installed ${#missing[@]}"
 else
   done_step "present"
@@ -72,8 +81,8 @@ elif [[ $(id -u) -ne 0 ]]; then
   echo >&2; echo "[setup] the Docker engine is missing: run as root, or apt-get install docker.io" >&2; exit 1
 else
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+  quiet apt-get update -qq
+  quiet apt-get install -y -qq --no-install-recommends docker.io
   done_step "installed docker.io"
 fi
 
@@ -85,10 +94,10 @@ if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; t
   done_step "up to date"
 else
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip >&2
+  quiet "$VENV/bin/pip" install -q --upgrade pip
   # Byte-compile on install: PYTHONDONTWRITEBYTECODE is set on these machines, and without .pyc
   # files every process pays seconds to import the cloud SDKs again.
-  "$VENV/bin/pip" install -q --compile -e ".[dev]" >&2
+  quiet "$VENV/bin/pip" install -q --compile -e ".[dev]"
   echo "$want" > "$stamp"
   done_step "installed"
 fi
