@@ -127,7 +127,7 @@ class GcloudRoute(CloudRouteBase):
     @classmethod
     def _zone(cls, value: str) -> str:
         if not re.match(r"^[a-z]+-[a-z]+\d+-[a-z]$", value):
-            raise PydanticCustomError("zone", "{value!r} is not a GCE zone like us-central1-a", {"value": value})
+            raise PydanticCustomError("zone", f"{value!r} is not a GCE zone like us-central1-a")
         return value
 
     @property

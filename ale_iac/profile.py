@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
-from ale_iac.errors import ConfigError, read_yaml, validate
+from ale_iac.errors import ConfigError, Problems, did_you_mean, read_yaml, validate
 from ale_iac.paths import project_root
 
 CONFIG_NAMESPACE = "ale-iac"
@@ -225,19 +225,28 @@ class LoadedProfile(StrictModel):
 
 
 def parse_profile(data: Any, source: str | Path, pool_data: Any = None) -> LoadedProfile:
-    """Validate a profile mapping (the value of ``ale-iac:profile``)."""
+    """Validate a profile mapping (the value of ``ale-iac:profile``) and its pool's (``ale-iac:pool``); the
+    problems of both are reported together."""
     if not isinstance(data, dict):
         raise ConfigError(source, PROFILE_KEY, "must be a mapping")
-    profile = validate(Profile, data, source, PROFILE_KEY, drop=frozenset(PROVIDER_KINDS))
-    pool = None
+    problems = Problems()
+    profile: Profile | None = None
+    pool: PoolSpec | None = None
+    with problems.check():
+        profile = validate(Profile, data, source, PROFILE_KEY, drop=frozenset(PROVIDER_KINDS))
     if pool_data is not None:
-        pool = validate(PoolSpec, pool_data, source, POOL_KEY)
+        with problems.check():
+            pool = validate(PoolSpec, pool_data, source, POOL_KEY)
+    problems.raise_any()
+    assert profile is not None  # else raise_any raised its problems
+    if pool is not None:
         field = f"{POOL_KEY}.units" if isinstance(pool.units, dict) else f"{POOL_KEY}.snapshot"
-        for snapshot in {s for _, s in pool.members() if s is not None}:
+        for snapshot in sorted({s for _, s in pool.members() if s is not None}):
             try:
                 profile.route(snapshot)
             except ConfigError as exc:
-                raise ConfigError(source, field, exc.detail) from None
+                problems.add(source, field, exc.detail)
+        problems.raise_any()
     return LoadedProfile(profile=profile, source=str(source), pool=pool)
 
 
@@ -247,11 +256,14 @@ def load_profile_file(path: Path) -> LoadedProfile:
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ConfigError(path, "config", "a stack config file needs a 'config:' mapping")
     config = doc["config"]
-    unknown = sorted(
-        k for k in config if str(k).startswith(f"{CONFIG_NAMESPACE}:") and k not in (PROFILE_KEY, POOL_KEY)
-    )
+    known = (PROFILE_KEY, POOL_KEY)
+    unknown = sorted(k for k in config if str(k).startswith(f"{CONFIG_NAMESPACE}:") and k not in known)
     if unknown:
-        raise ConfigError(path, f"config.{unknown[0]}", f"unknown key (known: {PROFILE_KEY}, {POOL_KEY})")
+        problems = Problems()
+        for key in unknown:
+            hint = did_you_mean(key, known, f"{CONFIG_NAMESPACE}:") or f" (known: {', '.join(known)})"
+            problems.add(path, f"config.{key}", f"unknown key{hint}")
+        problems.raise_any()
     if PROFILE_KEY not in config:
         raise ConfigError(path, f"config.{PROFILE_KEY}", "required key is missing")
     return parse_profile(config[PROFILE_KEY], path, config.get(POOL_KEY))
@@ -262,8 +274,11 @@ def stacks_dir() -> Path:
     return project_root() / "stacks"
 
 
-def resolve_profile(name_or_path: str) -> LoadedProfile:
-    """A profile by stack name (``local`` -> stacks/Pulumi.local.yaml) or by file path."""
+def resolve_profile(name_or_path: str, named_in: str | Path | None = None) -> LoadedProfile:
+    """A profile by stack name (``local`` -> stacks/Pulumi.local.yaml) or by file path.
+
+    ``named_in``: the file that named the profile (an experiment), for the error when there is no such profile.
+    """
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         return load_profile_file(candidate)
@@ -272,4 +287,8 @@ def resolve_profile(name_or_path: str) -> LoadedProfile:
         if path.exists():
             return load_profile_file(path)
     known = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in stacks_dir().glob("Pulumi.*.yaml"))
-    raise ConfigError(name_or_path, "profile", f"no such profile (shipped: {', '.join(known)})")
+    raise ConfigError(
+        named_in or name_or_path,
+        "profile",
+        f"no such profile {name_or_path!r}{did_you_mean(name_or_path, known)} (shipped: {', '.join(known)})",
+    )

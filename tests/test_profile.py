@@ -33,7 +33,57 @@ def test_unknown_key_names_the_key_and_the_file(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError) as info:
         load_profile_file(path)
-    assert str(info.value) == f"{path}: ale-iac:profile.snapshots.s.imag: unknown key"
+    assert str(info.value) == f"{path}: ale-iac:profile.snapshots.s.imag: unknown key (did you mean 'image'?)"
+
+
+def test_every_problem_of_the_profile_and_its_pool_is_reported_at_once(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n"
+        "      s:\n        provider: local\n        screen_widht: 800\n        shape: {vcpu: 2}\n"
+        "  ale-iac:pool:\n    units: 2\n    snapshott: s\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: ale-iac:profile.snapshots.s.shape.vcpu: unknown key (did you mean 'vcpus'?)",
+        f"{path}: ale-iac:profile.snapshots.s.screen_widht: unknown key (did you mean 'screen_width'?)",
+        f"{path}: ale-iac:pool.snapshott: unknown key (did you mean 'snapshot'?)",
+    ]
+    first = info.value.problems[0]
+    assert (first.source, first.field) == (str(path), "ale-iac:profile.snapshots.s.shape.vcpu")
+    assert (info.value.source, info.value.field) == (first.source, first.field)
+
+
+def test_a_pool_of_snapshots_the_profile_lacks_names_each(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {provider: local}\n"
+        "  ale-iac:pool:\n    units: {a: 1, b: 1}\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    assert [p.message for p in info.value.problems] == [
+        "no route for snapshot 'a' (routes: s)",
+        "no route for snapshot 'b' (routes: s)",
+    ]
+
+
+def test_an_unknown_config_key_gets_the_closest_known_one(tmp_path: Path) -> None:
+    path = _write(tmp_path, "config:\n  ale-iac:profil: {}\n  ale-iac:zzz: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: config.ale-iac:profil: unknown key (did you mean 'ale-iac:profile'?)",
+        f"{path}: config.ale-iac:zzz: unknown key (known: ale-iac:profile, ale-iac:pool)",
+    ]
+
+
+def test_no_such_profile_names_the_file_that_named_it(tmp_path: Path) -> None:
+    experiment = tmp_path / "exp.yaml"
+    with pytest.raises(ConfigError) as info:
+        resolve_profile("loacl", named_in=experiment)
+    assert str(info.value).startswith(f"{experiment}: profile: no such profile 'loacl' (did you mean 'local'?)")
 
 
 @pytest.mark.parametrize(

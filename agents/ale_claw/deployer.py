@@ -95,7 +95,7 @@ def parse_settings(source: str, settings: dict[str, Any]) -> HarnessSettings:
     try:
         return HarnessSettings.model_validate(settings)
     except ValidationError as exc:
-        raise format_validation_error(source, exc, prefix="settings") from None
+        raise format_validation_error(source, exc, prefix="settings", model=HarnessSettings) from None
 
 
 SYSTEM_PROMPT = """You are ALE-Claw, an agent that does tasks on a Linux desktop machine (the sandbox) through tools.

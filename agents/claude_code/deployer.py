@@ -74,7 +74,7 @@ def parse_settings(source: str, settings: dict[str, Any]) -> ClaudeCodeSettings:
     try:
         return ClaudeCodeSettings.model_validate(settings)
     except ValidationError as exc:
-        raise format_validation_error(source, exc, prefix="settings") from None
+        raise format_validation_error(source, exc, prefix="settings", model=ClaudeCodeSettings) from None
 
 
 def bridge_kinds(native_shell: bool) -> list[BridgeKind]:

@@ -115,7 +115,7 @@ def parse_settings(source: str, settings: dict[str, Any]) -> ScriptedSettings:
     try:
         return ScriptedSettings.model_validate(settings)
     except ValidationError as exc:
-        raise format_validation_error(source, exc, prefix="settings") from None
+        raise format_validation_error(source, exc, prefix="settings", model=ScriptedSettings) from None
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

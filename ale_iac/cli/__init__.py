@@ -8,7 +8,7 @@ import sys
 import typer
 
 from ale_iac.bridges.warm import WARM_ENV, forward
-from ale_iac.errors import AleIacError
+from ale_iac.errors import AleIacError, ConfigError
 
 app = typer.Typer(
     name="ale-iac",
@@ -36,5 +36,8 @@ def main() -> None:
     try:
         app()
     except AleIacError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        # A configuration error may hold several problems: one line each, so each names its file and field.
+        lines = [str(p) for p in exc.problems] if isinstance(exc, ConfigError) else [str(exc)]
+        for line in lines:
+            typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
         sys.exit(2)

@@ -32,7 +32,9 @@ def evaluate(
     """Run agents on tasks in ephemeral sandboxes, grade them, record everything, clean up.
 
     Exit code: 0 if every unit run succeeded (its agent completed and it was graded, whatever the
-    score), 1 if any did not, 130 if interrupted.
+    score), 1 if any did not, 2 if it stopped with an error instead (a bad flag; an experiment, preset,
+    task or profile that is not valid: every problem printed, each with its file and field), 130 if
+    interrupted.
     """
     from ale_iac.runner.experiment import load_experiment
     from ale_iac.runner.runner import exit_code, print_summary, run_experiment

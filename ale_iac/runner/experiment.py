@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ale_iac.agent import AgentConfig
-from ale_iac.errors import ConfigError, read_yaml, validate
+from ale_iac.errors import ConfigError, Problems, read_yaml, validate
 from ale_iac.models.plan import load_plan
 from ale_iac.paths import project_root
 from ale_iac.profile import CleanupMode
@@ -195,13 +195,38 @@ def _task_folders(ref: str, base: Path, source: Path, tasks_root: Path | None) -
     raise ConfigError(source, "tasks", f"{ref!r} is neither a task folder nor a list file")
 
 
+def _task_data(spec: ExperimentSpec, base: Path, source: Path) -> LocalTaskData | None:
+    if spec.task_data is None:
+        return None
+    store_dir = (base / spec.task_data).resolve()
+    if not store_dir.is_dir():
+        raise ConfigError(source, "task_data", f"{spec.task_data!r} is not a folder")
+    return LocalTaskData(store_dir)
+
+
+def _load_tasks(spec: ExperimentSpec, base: Path, source: Path, problems: Problems) -> list[Task]:
+    """Every task the spec names; a task (or list file) that does not load is one more of ``problems``."""
+    tasks_root = _tasks_root(spec, base, source)
+    store = _task_data(spec, base, source)
+    tasks: list[Task] = []
+    for ref in spec.tasks:
+        folders: list[Path] = []
+        with problems.check():
+            folders = _task_folders(ref, base, source, tasks_root)
+        for folder in folders:
+            with problems.check():
+                tasks.append(load_any_task(folder, store))
+    return tasks
+
+
 def load_any_task(folder: Path, data_store: LocalTaskData | None = None) -> Task:
     """A task folder of either format: ``task.yaml`` (this project's) or ALE's ``main.py`` + ``task_card.json``."""
     return load_task(folder) if (folder / CARD_NAME).is_file() else load_ale_task(folder, data_store)
 
 
 def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Experiment:
-    """Read, override, validate. Every error names the file and the field."""
+    """Read, override, validate. Every error names the file and the field; all of them are reported at once
+    (the spec's, then those of every preset and task it names)."""
     path = path.resolve()
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -213,20 +238,18 @@ def load_experiment(path: Path, overrides: dict[str, Any] | None = None) -> Expe
         merged.pop("pool", None)
     spec = validate(ExperimentSpec, merged, path)
     base = path.parent
-    agents = [load_agent_preset(ref, base, path) for ref in spec.agents]
+    problems = Problems()
+    agents = []
+    for ref in spec.agents:
+        with problems.check():
+            agents.append(load_agent_preset(ref, base, path))
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
-        raise ConfigError(path, "agents", f"two presets share a name: {names}")
-    tasks_root = _tasks_root(spec, base, path)
-    store = None
-    if spec.task_data is not None:
-        store_dir = (base / spec.task_data).resolve()
-        if not store_dir.is_dir():
-            raise ConfigError(path, "task_data", f"{spec.task_data!r} is not a folder")
-        store = LocalTaskData(store_dir)
+        problems.add(path, "agents", f"two presets share a name: {names}")
     tasks: list[Task] = []
-    for ref in spec.tasks:
-        tasks.extend(load_any_task(folder, store) for folder in _task_folders(ref, base, path, tasks_root))
+    with problems.check():
+        tasks = _load_tasks(spec, base, path, problems)
+    problems.raise_any()
     ids = [t.id for t in tasks]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

@@ -23,11 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ale_iac.agent import CliInstall, load_deployer_class
-from ale_iac.agent.config import AgentConfig
+from ale_iac.agent.config import AgentConfig, ToolCatalog
 from ale_iac.agent.registry import executor_class
 from ale_iac.bridges.warm import WARM_ENV, WarmBridges
 from ale_iac.engine import Engine
-from ale_iac.errors import AleIacError, ConfigError
+from ale_iac.errors import AleIacError, ConfigError, Problems
 from ale_iac.models.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
@@ -40,7 +40,7 @@ from ale_iac.runner.provisioners import RETAINED, Pool, PoolProvisioner, Provisi
 from ale_iac.runner.records import MANIFEST, Redactor
 from ale_iac.runner.registry import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
-from ale_iac.runner.tasks import CARD_NAME
+from ale_iac.runner.tasks import CARD_NAME, Task
 from ale_iac.sandbox.client import ComputerServerClient
 
 RESULTS = "results.jsonl"
@@ -142,26 +142,32 @@ def check_agents(experiment: Experiment) -> None:
     """Everything about the agents that can be checked before a sandbox exists: the deployer imports,
     supports its executor, and accepts its settings (``BaseAgentDeployer.validate_config``)."""
     tools = bridge_tools()
+    problems = Problems()
     for agent in experiment.agents:
-        source = experiment.preset_file(agent)
-        try:
-            deployer_cls = load_deployer_class(agent)
-        except ConfigError as exc:  # it names the agent; the preset file is what to open
-            raise ConfigError(source, exc.field, exc.detail) from None
-        kind = executor_kind(agent)
-        executor_class(kind, agent.name).check_preset(agent, source)  # what it will ship and load where it runs
-        if kind not in deployer_cls.supported_executors:
-            raise ConfigError(
-                source,
-                "executor",
-                f"agent {agent.name} does not support executor {kind!r} "
-                f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})",
-            )
-        if deployer_cls.model_api is not None and agent.model is None:
-            raise ConfigError(
-                source, "model", f"agent {agent.name} needs a model (its deployer speaks {deployer_cls.model_api})"
-            )
-        deployer_cls.validate_config(agent, tools)
+        with problems.check():
+            _check_agent(agent, tools, experiment.preset_file(agent))
+    problems.raise_any()
+
+
+def _check_agent(agent: AgentConfig, tools: ToolCatalog, source: Path | str) -> None:
+    try:
+        deployer_cls = load_deployer_class(agent)
+    except ConfigError as exc:  # it names the agent; the preset file is what to open
+        raise ConfigError(source, exc.field, exc.detail) from None
+    kind = executor_kind(agent)
+    executor_class(kind, agent.name).check_preset(agent, source)  # what it will ship and load where it runs
+    if kind not in deployer_cls.supported_executors:
+        raise ConfigError(
+            source,
+            "executor",
+            f"agent {agent.name} does not support executor {kind!r} "
+            f"(supported: {', '.join(sorted(deployer_cls.supported_executors))})",
+        )
+    if deployer_cls.model_api is not None and agent.model is None:
+        raise ConfigError(
+            source, "model", f"agent {agent.name} needs a model (its deployer speaks {deployer_cls.model_api})"
+        )
+    deployer_cls.validate_config(agent, tools)
 
 
 def install_clis(experiment: Experiment, log: Callable[[str], None]) -> dict[str, dict[str, CliInstall]]:
@@ -172,6 +178,22 @@ def install_clis(experiment: Experiment, log: Callable[[str], None]) -> dict[str
         agent.name: {name: ensure_cli(name, log=log) for name in load_deployer_class(agent).clis}
         for agent in experiment.agents
     }
+
+
+def _check_routes(experiment: Experiment, profile: Profile) -> None:
+    """Every task's snapshot has a route in the profile (all the tasks that have none are named)."""
+    problems = Problems()
+    for task in experiment.tasks:
+        try:
+            profile.route(task.card.snapshot)
+        except ConfigError as exc:
+            problems.add(task.folder / task.card_file, _snapshot_field(task), exc.detail)
+    problems.raise_any()
+
+
+def _snapshot_field(task: Task) -> str:
+    """Where a task's card names its snapshot (ALE's cards: under ``vm``)."""
+    return "snapshot" if task.card_file == CARD_NAME else "vm.snapshot"
 
 
 def executor_kind(agent: AgentConfig) -> str:
@@ -277,6 +299,10 @@ def run_experiment(
     # Fail fast: whatever can be checked before a sandbox exists is checked before any is provisioned.
     secrets_env = _secrets(experiment)
     check_agents(experiment)
+    # A profile is a file too: checked now, before agent CLIs are installed or the engine starts.
+    loaded = None if spec.pool else resolve_profile(spec.profile or "local", named_in=experiment.source)
+    if loaded is not None:
+        _check_routes(experiment, loaded.profile)
     redactor = Redactor(secrets_env.values())
     clis = install_clis(experiment, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
 
@@ -285,22 +311,17 @@ def run_experiment(
     pool: Pool | None = None
     if spec.pool:
         pool = Pool.read(engine, spec.pool)  # once per run, not per unit
+        problems = Problems()
         for task in experiment.tasks:
             try:
                 pool.units_for(task.card.snapshot)
             except AleIacError as exc:
-                field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
-                raise ConfigError(task.folder / task.card_file, field, str(exc)) from None
+                problems.add(task.folder / task.card_file, _snapshot_field(task), str(exc))
+        problems.raise_any()
         cleanup = spec.cleanup or CleanupMode.DESTROY
     else:
-        loaded = resolve_profile(spec.profile or "local")
+        assert loaded is not None  # resolved above: not a pool run
         profile = loaded.profile
-        for task in experiment.tasks:
-            try:
-                profile.route(task.card.snapshot)
-            except ConfigError as exc:
-                field = "vm.snapshot" if task.card_file != CARD_NAME else "snapshot"
-                raise ConfigError(task.folder / task.card_file, field, exc.detail) from None
         cleanup = spec.cleanup or profile.cleanup
         pool = static_pool(profile, engine.backend_url)  # its endpoints are leased like a pool's units
         ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))

@@ -96,3 +96,30 @@ def test_bad_agent_preset_names_its_file(tmp_path: Path) -> None:
     (tmp_path / "noop.yaml").write_text(PRESET + "modell: x\n")
     with pytest.raises(ConfigError, match=r"noop\.yaml: modell: unknown key"):
         load_experiment(path)
+
+
+def test_every_problem_of_the_spec_is_reported_at_once_with_the_closest_key(tmp_path: Path) -> None:
+    _task(tmp_path, "a")
+    path = _experiment(tmp_path, "name: e\nagents: [noop.yaml]\ntasks: [a]\nrepeats: 0\ntimout_s: 60\nconcurency: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path)
+    assert sorted(str(info.value).splitlines()) == [
+        f"{path}: concurency: unknown key (did you mean 'concurrency'?)",
+        f"{path}: repeats: Input should be greater than or equal to 1",
+        f"{path}: timout_s: unknown key (did you mean 'unit_timeout_s'?)",
+    ]
+
+
+def test_problems_of_presets_and_tasks_are_reported_together(tmp_path: Path) -> None:
+    _task(tmp_path, "a", card="id: a\ninstruction: x\ntimeout: 5\n")
+    _task(tmp_path, "b")
+    path = _experiment(tmp_path, "name: e\nagents: [noop.yaml, missing]\ntasks: [a, nowhere, b]\n")
+    (tmp_path / "noop.yaml").write_text(PRESET + "modell: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{tmp_path / 'noop.yaml'}: modell: unknown key (did you mean 'model'?)"
+    assert lines[1].startswith(f"{path}: agents: no agent preset 'missing'")
+    assert lines[2] == f"{tmp_path / 'a' / 'task.yaml'}: timeout: unknown key (did you mean 'timeout_s'?)"
+    assert lines[3] == f"{path}: tasks: 'nowhere' is neither a task folder nor a list file"
+    assert len(lines) == 4
