@@ -100,9 +100,11 @@ class UnitOutcome:
     duration_s: float
     agent_s: float
     handle: dict[str, Any] | None = field(default=None)
+    hook_traceback: str | None = None
+    """The unit's ``hooks.log``, when a task hook raised: its traceback is there."""
 
     def as_result(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "handle" or v is not None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("handle", "hook_traceback") or v is not None}
 
 
 def build_prompt(instruction: str, sandbox: TaskSandbox) -> str:
@@ -212,10 +214,15 @@ class _Unit:
             duration_s=duration,
             agent_s=round(self.agent_s, 3),
             handle=handle.summary() if handle is not None and outcome == RETAINED else None,
+            hook_traceback=str(self.record.folder / HOOKS_LOG) if self.record.event_counts["hook_error"] else None,
         )
 
 
 async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
+    """One unit from its slot to its release. A unit cancelled once it has started (the run was interrupted)
+    is released like any other and returns its outcome, ``interrupted``: the cancellation ends here, so the
+    run's summary lists it. One cancelled while it waits for its slot raises ``CancelledError``: it never
+    started, and has no record."""
     slot = _Slot(ctx.slots)
     provisioner = ctx.provisioner()
     try:
@@ -232,7 +239,8 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
             slot.give_back()  # the cleanup below runs outside the run's concurrency
     except asyncio.CancelledError:
         unit.interrupted()
-        raise
+        if (task := asyncio.current_task()) is not None:
+            task.uncancel()  # handled: the unit ends interrupted, and says so
     except Exception as exc:
         unit.failed(exc)
     finally:

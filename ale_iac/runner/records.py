@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
 
 MANIFEST = "experiment.json"
-"""The run folder's manifest (run id, fingerprint, spec), written by the runner, read by resume and reports."""
+"""The run folder's manifest (run id, fingerprint, spec, where it runs: profile or pool, each agent's executor and
+model), written by the runner, read by resume and reports."""
 REDACTED = "***"
 _MIN_SECRET_LEN = 4
 
@@ -90,6 +92,8 @@ class UnitRecord:
         self._phase_start: dict[str, float] = {}
         self.phases: dict[str, dict[str, Any]] = {}
         self.data: dict[str, Any] = {}
+        self.event_counts: Counter[str] = Counter()
+        """How many events of each kind this record has written (this attempt's)."""
 
     @property
     def agent_dir(self) -> Path:
@@ -117,6 +121,7 @@ class UnitRecord:
         with self._lock:
             self._events.write(line + "\n")
             self._events.flush()
+            self.event_counts[kind] += 1
 
     def phase_start(self, phase: str) -> None:
         self._phase_start[phase] = time.monotonic()

@@ -29,7 +29,7 @@ from ale_iac.bridges.warm import WARM_ENV, WarmBridges
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError, Problems
 from ale_iac.models.gateway import ModelGateway
-from ale_iac.profile import CleanupMode, Profile, resolve_profile
+from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
@@ -55,6 +55,8 @@ class RunSummary:
     outcomes: list[UnitOutcome]
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
+    not_started: list[str] = field(default_factory=list)
+    """Units an interrupt stopped before they started (``--resume`` runs them)."""
 
     @property
     def retained(self) -> list[UnitOutcome]:
@@ -191,6 +193,25 @@ def _check_routes(experiment: Experiment, profile: Profile) -> None:
     problems.raise_any()
 
 
+def setup_record(experiment: Experiment, loaded: LoadedProfile | None) -> dict[str, Any]:
+    """What the run's manifest says of where it ran, for reports and comparisons: the profile (and its file)
+    or the pool, and each agent's executor and model."""
+    return {
+        "profile": loaded.profile.name if loaded else None,
+        "profile_file": loaded.source if loaded else None,
+        "pool": experiment.spec.pool,
+        "agents": [
+            {
+                "name": agent.name,
+                "executor": executor_kind(agent),
+                "model": agent.model.name if agent.model else None,
+                "model_base_url": agent.model.base_url if agent.model else None,
+            }
+            for agent in experiment.agents
+        ],
+    }
+
+
 def _snapshot_field(task: Task) -> str:
     """Where a task's card names its snapshot (ALE's cards: under ``vm``)."""
     return "snapshot" if task.card_file == CARD_NAME else "vm.snapshot"
@@ -231,9 +252,10 @@ async def _run_all(
         outcome = await run_unit(plan, ctx)
         outcomes.append(outcome)
         progress.finish(outcome)
-        if outcome.status is not UnitStatus.SUCCEEDED and outcome.error:
+        if outcome.status not in (UnitStatus.SUCCEEDED, UnitStatus.INTERRUPTED) and outcome.error:
+            where = f" (the hook's traceback: {outcome.hook_traceback})" if outcome.hook_traceback else ""
             progress.console.print(
-                f"[{outcome.unit_id}] {outcome.status}: {outcome.error}", highlight=False, markup=False
+                f"[{outcome.unit_id}] {outcome.status}: {outcome.error}{where}", highlight=False, markup=False
             )
         with results_path.open("a") as handle:
             handle.write(json.dumps(ctx.redactor.json(outcome.as_result())) + "\n")
@@ -359,6 +381,7 @@ def run_experiment(
                         "experiment": str(experiment.source),
                         "spec": spec.model_dump(mode="json"),
                         "cleanup": cleanup.value,
+                        **setup_record(experiment, loaded),
                         "units": [p.unit_id for p in plans],
                         **({"model_plan": plan_record(experiment.model_plan)} if experiment.model_plan else {}),
                     }
@@ -413,7 +436,15 @@ def run_experiment(
         registry.close()
         engine.close()
     outcomes.sort(key=lambda o: o.unit_id)
-    return RunSummary(run_id=run_id, run_dir=run_dir, outcomes=outcomes, skipped=skipped, interrupted=interrupted)
+    ended = {o.unit_id for o in outcomes}
+    return RunSummary(
+        run_id=run_id,
+        run_dir=run_dir,
+        outcomes=outcomes,
+        skipped=skipped,
+        interrupted=interrupted,
+        not_started=[p.unit_id for p in plans if p.unit_id not in ended],
+    )
 
 
 def mean_line(outcomes: list[UnitOutcome]) -> str | None:
@@ -462,6 +493,11 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"retained: stack {o.stack} -> {endpoint}  (destroy: ale-iac sandbox destroy {o.stack})")
     if summary.retained:
         console.print(f"destroy everything this run retained: ale-iac sandbox destroy --run {summary.run_id}")
+    for o in summary.outcomes:
+        if o.hook_traceback:
+            console.print(f"{o.unit_id}: a task hook raised; its traceback: {o.hook_traceback}", highlight=False)
+    if summary.not_started:
+        console.print(f"not started (the run was interrupted first): {len(summary.not_started)}")
     if summary.interrupted:
         console.print("[yellow]run was interrupted; rerun with --resume to finish it[/yellow]")
 

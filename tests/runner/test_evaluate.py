@@ -158,11 +158,19 @@ def test_failures_get_the_right_status_and_leave_nothing(lab: Path) -> None:
     print_summary(crash_sleep, console)
     printed = console.file.getvalue()  # type: ignore[attr-defined]
     assert "reason" in printed and "exceeded its 5 s limit" in printed
-    setup = _run(_experiment(lab, ["writer"], ["broken-setup"]))
+    console = Console(file=io.StringIO(), width=400)
+    setup = run_experiment(load_experiment(_experiment(lab, ["writer"], ["broken-setup"])), console=console)
     [broken] = setup.outcomes
     assert broken.status == "setup_failed" and "setup fails on purpose" in (broken.error or "")
     run = json.loads((setup.run_dir / broken.unit_id / "run.json").read_text())
     assert run["status"] == "setup_failed" and run["cleanup"]["outcome"] == "destroyed"
+    # The console says where the hook's traceback is, as the unit ends and in the summary.
+    hooks_log = setup.run_dir / broken.unit_id / "hooks.log"
+    assert broken.hook_traceback == str(hooks_log) and "Traceback" in hooks_log.read_text()
+    print_summary(setup, console)
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"setup fails on purpose (the hook's traceback: {hooks_log})" in printed
+    assert f"{broken.unit_id}: a task hook raised; its traceback: {hooks_log}" in printed
     _assert_nothing_left()
 
 
@@ -232,8 +240,13 @@ def test_sigint_during_four_units_leaves_nothing(lab: Path) -> None:
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, out
     assert "destroying in-flight units" in out
-    statuses = [json.loads(p.read_text())["status"] for p in lab.glob("runs/*/*/run.json")]
-    assert statuses == ["interrupted"] * 4
+    runs = list(lab.glob("runs/*/*/run.json"))
+    assert [json.loads(p.read_text())["status"] for p in runs] == ["interrupted"] * 4
+    # The summary lists every interrupted unit, with its cleanup.
+    table = out[out.index("results: ") :]
+    for unit in (p.parent.name for p in runs):
+        [row] = [line for line in table.splitlines() if unit in line]
+        assert "interrupted" in row and "destroyed" in row, row
     _assert_nothing_left()
 
 
@@ -253,6 +266,7 @@ def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: 
     assert proc.returncode == 130, out
     statuses = [json.loads(p.read_text())["status"] for p in lab.glob("runs/*/*/run.json")]
     assert statuses == ["interrupted"]  # the waiting units never started
+    assert "not started (the run was interrupted first): 2" in out
     logs = sorted((engine.home / "logs" / "stacks").glob("run-*.log"))
     operations = sorted(
         tuple(line.split()[2] for line in log.read_text().splitlines() if line.startswith("====")) for log in logs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 from mcp.types import CallToolResult, ImageContent
+from rich.console import Console
 
 from ale_iac.agent import AgentConfig, load_deployer_class
 from ale_iac.cli.sandbox import handle_text
@@ -21,7 +23,7 @@ from ale_iac.runner.lifecycle import RunContext, UnitOutcome, _grade, _Unit, cal
 from ale_iac.runner.provisioners import keep_sandbox
 from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.registry import RunRegistry
-from ale_iac.runner.runner import mean_line
+from ale_iac.runner.runner import RunSummary, mean_line, print_summary
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import Task, load_task
 from ale_iac.task import TaskSandbox
@@ -68,6 +70,18 @@ def test_hook_output_and_traceback_go_into_the_record(tmp_path: Path, capsys: py
     events = [json.loads(line) for line in (record.folder / "events.jsonl").read_text().splitlines()]
     [error] = [e for e in events if e["event"] == "hook_error"]
     assert error["hook"] == "setup" and "Traceback" in error["traceback"] and "line 11" in error["traceback"]
+    assert record.event_counts["hook_error"] == 1  # what the unit's outcome points the console at
+
+
+def test_the_summary_says_where_a_hooks_traceback_is_and_what_never_started(tmp_path: Path) -> None:
+    failed = _outcome(UnitStatus.SETUP_FAILED, None)
+    failed.error, failed.hook_traceback = "ValueError: weights", str(tmp_path / "u" / "hooks.log")
+    summary = RunSummary("r", tmp_path, [failed], interrupted=True, not_started=["u2", "u3"])
+    console = Console(file=io.StringIO(), width=300)
+    print_summary(summary, console)
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"u: a task hook raised; its traceback: {tmp_path / 'u' / 'hooks.log'}" in printed
+    assert "not started (the run was interrupted first): 2" in printed
 
 
 def test_hooks_running_side_by_side_keep_their_output_apart(tmp_path: Path) -> None:
