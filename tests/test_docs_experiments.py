@@ -79,8 +79,10 @@ def test_the_scripted_plan_example_passes_the_checks_and_fills_the_task_folders(
 def test_the_mcp_client_example_runs_against_a_sandbox(computer_server_endpoint: Endpoint, tmp_path: Path) -> None:
     script = tmp_path / "client.py"
     script.write_text(blocks("python")[1])
-    env = {**os.environ, "ALE_IAC_ENDPOINT": computer_server_endpoint.url}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    # As a user runs it: the venv's python by its path, the venv not on PATH (nor activated).
+    bare_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = {**os.environ, "ALE_IAC_ENDPOINT": computer_server_endpoint.url, "PATH": bare_path}
+    env.pop("VIRTUAL_ENV", None)
     if computer_server_endpoint.token:
         env["ALE_IAC_ENDPOINT_TOKEN"] = computer_server_endpoint.token
     out = subprocess.run(
