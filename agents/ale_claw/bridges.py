@@ -171,7 +171,7 @@ class Bridge:
             self._errlog.close()
 
 
-def _raw(result: Any, duration_s: float) -> RawResult:
+def _raw(result: object, duration_s: float) -> RawResult:
     if not isinstance(result, CallToolResult):
         return RawResult(text=f"unexpected reply type {type(result).__name__}", is_error=True, duration_s=duration_s)
     texts: list[str] = []

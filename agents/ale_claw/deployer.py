@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,6 +28,7 @@ from ale_iac.agent import (
     AgentStatus,
     BaseAgentDeployer,
     BridgeKind,
+    BridgeLaunch,
     ModelApi,
     ToolCatalog,
     Trajectory,
@@ -58,12 +60,15 @@ NEEDED_TOOLS: dict[BridgeKind, tuple[str, ...]] = {
 }
 
 
-bridges = sibling_module(__file__, "bridges")
-tools = sibling_module(__file__, "tools")
-context = sibling_module(__file__, "context")
-models = sibling_module(__file__, "models")
-loop = sibling_module(__file__, "loop")
-transcript = sibling_module(__file__, "transcript")
+if TYPE_CHECKING:  # mypy reads the siblings by their path in the repository; the runner loads them by file
+    from agents.ale_claw import bridges, context, loop, models, tools, transcript
+else:
+    bridges = sibling_module(__file__, "bridges")
+    tools = sibling_module(__file__, "tools")
+    context = sibling_module(__file__, "context")
+    models = sibling_module(__file__, "models")
+    loop = sibling_module(__file__, "loop")
+    transcript = sibling_module(__file__, "transcript")
 
 
 class HarnessSettings(BaseModel):
@@ -159,7 +164,7 @@ class AleClawDeployer(BaseAgentDeployer):
             raw_log=RAW_LOG,
         )
         self._flush()
-        held: dict[BridgeKind, Any] = {
+        held: dict[BridgeKind, bridges.Bridge] = {
             kind: bridges.Bridge(kind, _launcher(self, kind), s.bridge_start_timeout_s) for kind in _KINDS
         }
         adapter = models.make_adapter(access, s.request_timeout_s)
@@ -180,8 +185,6 @@ class AleClawDeployer(BaseAgentDeployer):
                     generation=lambda kind: held[kind].generation,
                 )
                 runner = loop.Loop(
-                    ctx=context,
-                    models=models,
                     adapter=adapter,
                     toolbox=toolbox,
                     policy=context.Policy(
@@ -274,11 +277,11 @@ class AleClawDeployer(BaseAgentDeployer):
         return trajectory
 
 
-def _launcher(deployer: AleClawDeployer, kind: BridgeKind) -> Any:
+def _launcher(deployer: AleClawDeployer, kind: BridgeKind) -> Callable[[], BridgeLaunch]:
     return lambda: deployer.executor.bridge(kind)
 
 
-async def _start_all(held: dict[BridgeKind, Any]) -> None:
+async def _start_all(held: dict[BridgeKind, bridges.Bridge]) -> None:
     import asyncio
 
     await asyncio.gather(*(bridge.start() for bridge in held.values()))

@@ -13,9 +13,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ale_iac.agent import AgentStatus
+from ale_iac.agent import AgentStatus, sibling_module
+
+if TYPE_CHECKING:  # mypy reads the siblings by their path in the repository; the runner loads them by file
+    from agents.ale_claw import context, models
+    from agents.ale_claw.tools import Toolbox
+else:
+    context = sibling_module(__file__, "context")
+    models = sibling_module(__file__, "models")
 
 
 @dataclass(frozen=True)
@@ -38,19 +45,15 @@ class Loop:
     def __init__(
         self,
         *,
-        ctx: Any,
-        models: Any,
-        adapter: Any,
-        toolbox: Any,
-        policy: Any,
+        adapter: models.Adapter,
+        toolbox: Toolbox,
+        policy: context.Policy,
         limits: Limits,
         system: str,
         record: Callable[..., None],
         save_shot: Callable[[bytes, str, int], str],
         flush: Callable[[], None],
     ) -> None:
-        self.ctx = ctx  # the context module (Turn, Call, Result, Shot, render, ContextFullError)
-        self.models = models  # the models module (ToolDef, ModelCallError)
         self.adapter = adapter
         self.toolbox = toolbox
         self.policy = policy
@@ -64,7 +67,7 @@ class Loop:
 
     async def run(self, prompt: str) -> tuple[AgentStatus, str | None, str]:
         """(status, error, the final answer)."""
-        history = [self.ctx.Turn("user", prompt)]
+        history = [context.Turn("user", prompt)]
         try:
             async with asyncio.timeout_at(asyncio.get_running_loop().time() + self.limits.max_wall_s):
                 for number in range(1, self.limits.max_steps + 1):
@@ -77,13 +80,13 @@ class Loop:
         except RunEndedError as exc:
             return exc.status, str(exc), ""
 
-    async def _step(self, history: list[Any], number: int) -> str | None:
+    async def _step(self, history: list[context.Turn], number: int) -> str | None:
         try:
-            view, stats = self.ctx.render(history, self.policy, self.fixed_chars)
-        except self.ctx.ContextFullError as exc:
+            view, stats = context.render(history, self.policy, self.fixed_chars)
+        except context.ContextFullError as exc:
             raise RunEndedError("failed", f"context full: {exc}") from exc
         reply, failures = await self._ask(view)
-        calls = [self.ctx.Call(cid, name, args) for cid, name, args in reply.calls]
+        calls = [context.Call(cid, name, args) for cid, name, args in reply.calls]
         self.record(
             "model",
             n=number,
@@ -97,11 +100,11 @@ class Loop:
             context=stats.as_dict(),
             failed_attempts=failures or None,
         )
-        history.append(self.ctx.Turn("assistant", reply.text, calls, raw=reply.raw))
+        history.append(context.Turn("assistant", reply.text, calls, raw=reply.raw))
         if not calls:
             self.flush()
             return str(reply.text)
-        results = []
+        results: list[context.Result] = []
         step_id = number + 2  # the trajectory's step: system 1, prompt 2, model turn n is n + 2
         for call in calls:
             started = time.monotonic()
@@ -111,10 +114,10 @@ class Loop:
                 )
             else:
                 outcome = await self.toolbox.run(call.name, call.arguments)
-            shots = []
+            shots: list[context.Shot] = []
             for data, mime in outcome.images:
                 path = self.save_shot(data, mime, step_id)
-                shots.append(self.ctx.Shot(data, mime, path))
+                shots.append(context.Shot(data, mime, path))
             self.record(
                 "tool",
                 call_id=call.id,
@@ -126,19 +129,19 @@ class Loop:
                 bridge_calls=outcome.extra.get("bridge_calls"),
                 output={k: v for k, v in outcome.extra.items() if k != "bridge_calls"} or None,
             )
-            results.append(self.ctx.Result(call.id, call.name, outcome.text, outcome.is_error, shots))
-        history.append(self.ctx.Turn("tool", results=results))
+            results.append(context.Result(call.id, call.name, outcome.text, outcome.is_error, shots))
+        history.append(context.Turn("tool", results=results))
         self.flush()
         return None
 
-    async def _ask(self, view: list[Any]) -> tuple[Any, list[dict[str, Any]]]:
+    async def _ask(self, view: list[context.ViewTurn]) -> tuple[models.ModelReply, list[dict[str, Any]]]:
         failures: list[dict[str, Any]] = []
         attempt = 0
         while True:
             try:
                 reply = await self.adapter.complete(self.system, view, self.tools, self.limits.max_tokens)
                 return reply, failures
-            except self.models.ModelCallError as exc:
+            except models.ModelCallError as exc:
                 final = not exc.retryable or attempt >= self.limits.model_retries
                 delay = 0.0 if final else self._delay(attempt, exc.retry_after_s)
                 failure = {

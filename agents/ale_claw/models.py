@@ -13,13 +13,17 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anthropic
 import openai
 
 from ale_iac.agent import ModelAccess
+
+if TYPE_CHECKING:  # annotations only: the deployer loads the sibling modules by file
+    from agents.ale_claw.context import ViewTurn
 
 RETRYABLE_STATUSES: Final = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 """Statuses worth another try: timeouts, conflicts, rate limits (429), server errors, Anthropic's
@@ -57,12 +61,14 @@ class ModelCallError(Exception):
 class Adapter(Protocol):
     api: str
 
-    async def complete(self, system: str, view: list[Any], tools: list[ToolDef], max_tokens: int) -> ModelReply: ...
+    async def complete(
+        self, system: str, view: list[ViewTurn], tools: list[ToolDef], max_tokens: int
+    ) -> ModelReply: ...
 
     async def close(self) -> None: ...
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     try:
         value = headers.get("retry-after") if headers is not None else None
         return float(value) if value is not None else None
@@ -70,7 +76,7 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
-def _status_error(exc: Exception, status: int, body: Any, headers: Any) -> ModelCallError:
+def _status_error(exc: Exception, status: int, body: object, headers: Mapping[str, str]) -> ModelCallError:
     detail = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(detail, dict):
         detail = f"{detail.get('type', '')}: {detail.get('message', '')}".strip(": ")
@@ -99,7 +105,7 @@ class AnthropicAdapter:
             base_url=access.base_url, api_key=access.api_key, max_retries=0, timeout=timeout_s
         )
 
-    def messages(self, view: list[Any]) -> list[dict[str, Any]]:
+    def messages(self, view: list[ViewTurn]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         for turn in view:
             if turn.role == "user":
@@ -131,13 +137,14 @@ class AnthropicAdapter:
             messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}  # cache the prefix up to here
         return messages
 
-    async def complete(self, system: str, view: list[Any], tools: list[ToolDef], max_tokens: int) -> ModelReply:
+    async def complete(self, system: str, view: list[ViewTurn], tools: list[ToolDef], max_tokens: int) -> ModelReply:
         start = time.monotonic()
         try:
             response = await self.client.messages.create(
                 model=self.model,
                 max_tokens=max_tokens,
                 system=system,
+                # plain JSON dicts where the SDK declares TypedDict unions: the same shape, not provably so
                 messages=self.messages(view),  # type: ignore[arg-type]
                 tools=[{"name": t.name, "description": t.description, "input_schema": t.schema} for t in tools],
             )
@@ -183,7 +190,7 @@ class OpenAIAdapter:
             base_url=access.base_url, api_key=access.api_key, max_retries=0, timeout=timeout_s
         )
 
-    def items(self, view: list[Any]) -> list[dict[str, Any]]:
+    def items(self, view: list[ViewTurn]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         for turn in view:
             if turn.role == "user":
@@ -209,7 +216,7 @@ class OpenAIAdapter:
             else:
                 for r in turn.results:
                     text = ("ERROR: " if r.is_error else "") + (r.text or "(no output)")
-                    output: Any = text
+                    output: str | list[dict[str, Any]] = text
                     if r.images:
                         output = [{"type": "input_text", "text": text}] + [
                             {
@@ -222,12 +229,13 @@ class OpenAIAdapter:
                     items.append({"type": "function_call_output", "call_id": r.call_id, "output": output})
         return items
 
-    async def complete(self, system: str, view: list[Any], tools: list[ToolDef], max_tokens: int) -> ModelReply:
+    async def complete(self, system: str, view: list[ViewTurn], tools: list[ToolDef], max_tokens: int) -> ModelReply:
         start = time.monotonic()
         try:
             response = await self.client.responses.create(
                 model=self.model,
                 instructions=system,
+                # plain JSON dicts where the SDK declares TypedDict unions: the same shape, not provably so
                 input=self.items(view),  # type: ignore[arg-type]
                 tools=[
                     {

@@ -18,9 +18,12 @@ import base64
 import binascii
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ale_iac.agent import BridgeKind
+
+if TYPE_CHECKING:  # annotations only: the deployer loads the sibling modules by file
+    from agents.ale_claw.bridges import Bridge, RawResult
 
 SAFE_TO_RETRY: Final = frozenset(
     {
@@ -70,14 +73,16 @@ class ToolError(Exception):
 class BridgeCaller:
     """Bridge calls with the recovery policy; records each call and each restart in ``log``."""
 
-    def __init__(self, bridges: dict[BridgeKind, Any], timeout_s: float, died: type[Exception]) -> None:
+    def __init__(self, bridges: dict[BridgeKind, Bridge], timeout_s: float, died: type[Exception]) -> None:
         self.bridges = bridges
         self.timeout_s = timeout_s
         self.died = died
         """The exception a bridge raises when its process is gone (``bridges.BridgeDiedError``)."""
         self.log: list[dict[str, Any]] = []
 
-    async def __call__(self, kind: BridgeKind, tool: str, args: dict[str, Any], timeout_s: float | None = None) -> Any:
+    async def __call__(
+        self, kind: BridgeKind, tool: str, args: dict[str, Any], timeout_s: float | None = None
+    ) -> RawResult:
         bridge = self.bridges[kind]
         died = self.died
         timeout = timeout_s or self.timeout_s
@@ -505,7 +510,7 @@ class Toolbox:
         return ToolOutcome(text, is_error=result.is_error)
 
 
-def _b64(result: Any) -> bytes:
+def _b64(result: RawResult) -> bytes:
     try:
         return base64.b64decode(result.text.strip(), validate=True)
     except (binascii.Error, ValueError) as exc:

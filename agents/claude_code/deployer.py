@@ -29,7 +29,7 @@ import json
 import time
 import uuid
 from pathlib import PurePosixPath
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,7 @@ from ale_iac.agent import (
     AgentRunResult,
     BaseAgentDeployer,
     BridgeKind,
+    BridgeLaunch,
     ModelApi,
     ToolCatalog,
     Trajectory,
@@ -55,7 +56,10 @@ PROMPT_FILE = f"{STATE}/prompt.txt"
 SCREENSHOT_DIR = "screenshots"
 
 
-transcript = sibling_module(__file__, "transcript")
+if TYPE_CHECKING:  # mypy reads the siblings by their path in the repository; the runner loads them by file
+    from agents.claude_code import transcript
+else:
+    transcript = sibling_module(__file__, "transcript")
 
 
 class ClaudeCodeSettings(BaseModel):
@@ -138,7 +142,7 @@ class ClaudeCodeDeployer(BaseAgentDeployer):
         if made.exit_code != 0:
             raise AleIacError(f"could not make Claude Code's state dirs (exit {made.exit_code}, see {SETUP_LOG})")
 
-    def _env(self, launch: Any) -> dict[str, str]:
+    def _env(self, launch: BridgeLaunch) -> dict[str, str]:
         """A bridge's environment, without the agent's secrets (it never needs them)."""
         hidden = set(self.config.secrets)
         if self.config.model and self.config.model.api_key_secret:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ale_iac.agent import AgentInfo, Step, Trajectory, TrajectoryBuilder, json_lines
+from ale_iac.agent import AgentInfo, Step, TokenMetrics, Trajectory, TrajectoryBuilder, json_lines
 
 TAIL_LINES = 12
 _IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "image/gif": "gif"}
@@ -111,7 +111,7 @@ def _text_of(content: Any, images: list[tuple[str, bytes]]) -> str:
     return "\n".join(parts)
 
 
-def _usage_metrics(result: dict[str, Any]) -> dict[str, int | float | None]:
+def _usage_metrics(result: dict[str, Any]) -> TokenMetrics:
     usage = result.get("usage")
     if isinstance(usage, dict):
         fresh = int(usage.get("input_tokens") or 0)
@@ -221,7 +221,8 @@ def to_trajectory(
                 elif block_type == "tool_use":
                     said = flush_texts(keep_for=mid)
                     call_id = str(block.get("id") or f"call_{len(pending) + 1}")
-                    arguments = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    given = block.get("input")
+                    arguments: dict[str, Any] = given if isinstance(given, dict) else {}
                     step = builder.add_tool_call(
                         str(block.get("name", "?")),
                         arguments,
@@ -245,9 +246,9 @@ def to_trajectory(
                 if call is None or call.observation is None:
                     continue
                 found: list[tuple[str, bytes]] = []
-                result = call.observation.results[0]
-                result.content = _text_of(block.get("content"), found)
-                result.is_error = bool(block.get("is_error"))
+                observed = call.observation.results[0]
+                observed.content = _text_of(block.get("content"), found)
+                observed.is_error = bool(block.get("is_error"))
                 saved = []
                 for number, (media_type, data) in enumerate(found, start=1):
                     suffix = f"-{number}" if len(found) > 1 else ""
@@ -256,9 +257,9 @@ def to_trajectory(
                     images[rel] = data
                     saved.append(rel)
                 if saved:
-                    result.extra = {"screenshots": saved}
-                    if not result.content:
-                        result.content = f"[{len(saved)} image(s)]"
+                    observed.extra = {"screenshots": saved}
+                    if not observed.content:
+                        observed.content = f"[{len(saved)} image(s)]"
         elif kind == "system":
             subtype = event.get("subtype")
             if subtype == "api_retry":
@@ -290,7 +291,7 @@ def to_trajectory(
             system(f"the CLI exited {exit_code} without a final result" + (f": {tail}" if tail else ""))
     elif status != "completed" and error and not result.get("is_error"):
         system(error)
-    metrics = _usage_metrics(result) if result else {}
+    metrics: TokenMetrics = _usage_metrics(result) if result else {}
     extra_info: dict[str, Any] = {"status": status, "exit_code": exit_code}
     if error:
         extra_info["error"] = error

@@ -29,7 +29,7 @@ import json
 import time
 import uuid
 from pathlib import PurePosixPath
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,7 +60,10 @@ PROVIDER = "ale"
 KEY_ENV = "OPENAI_API_KEY"
 
 
-transcript = sibling_module(__file__, "transcript")
+if TYPE_CHECKING:  # mypy reads the siblings by their path in the repository; the runner loads them by file
+    from agents.codex import transcript
+else:
+    transcript = sibling_module(__file__, "transcript")
 
 
 class CodexSettings(BaseModel):
@@ -87,7 +90,7 @@ def toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def toml_value(value: Any) -> str:
+def toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -102,7 +105,10 @@ def toml_value(value: Any) -> str:
 
 
 def config_toml(
-    access: ModelAccess, bridges: dict[str, BridgeLaunch], settings: CodexSettings, env: dict[str, dict[str, str]]
+    access: ModelAccess,
+    bridges: dict[BridgeKind, BridgeLaunch],
+    settings: CodexSettings,
+    env: dict[BridgeKind, dict[str, str]],
 ) -> str:
     """Codex's config.toml: the gateway as the only model provider, nothing that talks to the outside
     (analytics, plugin sync, update checks), and each bridge as a required, pre-approved MCP server."""

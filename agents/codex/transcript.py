@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ale_iac.agent import AgentInfo, Step, Trajectory, TrajectoryBuilder, json_lines
+from ale_iac.agent import AgentInfo, Step, TokenMetrics, Trajectory, TrajectoryBuilder, json_lines
 
 TAIL_LINES = 12
 NO_RESULT = "(no result: the run ended before the tool returned)"
@@ -136,7 +136,7 @@ def _outcome(item: dict[str, Any], images: list[tuple[str, bytes]]) -> tuple[str
     return json.dumps({k: v for k, v in item.items() if k not in ("id", "type")}), status == "failed"
 
 
-def _usage_metrics(events: list[dict[str, Any]]) -> dict[str, int | float | None]:
+def _usage_metrics(events: list[dict[str, Any]]) -> TokenMetrics:
     usages = [e["usage"] for e in events if e.get("type") == "turn.completed" and isinstance(e.get("usage"), dict)]
     if not usages:
         return {}
@@ -177,7 +177,7 @@ def to_trajectory(
             builder.add("system", message, **extra)
             last_system = message
 
-    def start_call(item: dict[str, Any]) -> Any:
+    def start_call(item: dict[str, Any]) -> Step:
         name, arguments = _call(item)
         item_id = str(item.get("id") or f"item_{len(open_calls)}")
         step = builder.add_tool_call(name, arguments, NO_RESULT, is_error=True, call_id=item_id)
@@ -186,7 +186,8 @@ def to_trajectory(
 
     for event in transcript.events:
         kind = event.get("type")
-        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        given = event.get("item")
+        item: dict[str, Any] = given if isinstance(given, dict) else {}
         item_type = item.get("type")
         if kind == "item.started" and item_type in _TOOL_ITEMS:
             start_call(item)
@@ -196,6 +197,8 @@ def to_trajectory(
                 open_calls.pop(str(item.get("id")), None)
                 found: list[tuple[str, bytes]] = []
                 content, is_error = _outcome(item, found)
+                if step.observation is None:  # add_tool_call always makes one
+                    continue
                 result = step.observation.results[0]
                 result.content, result.is_error = content, is_error
                 saved = []

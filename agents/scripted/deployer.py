@@ -348,7 +348,7 @@ class ScriptedDeployer(BaseAgentDeployer):
         )
         return outcome
 
-    def _outcome(self, number: int, result: Any) -> _Outcome:
+    def _outcome(self, number: int, result: object) -> _Outcome:
         if not isinstance(result, CallToolResult):
             return _Outcome(text=f"unexpected reply type {type(result).__name__}", is_error=True)
         texts: list[str] = []

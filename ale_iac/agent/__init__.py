@@ -26,7 +26,7 @@ from ale_iac.agent.executor import (
     ProcessResult,
 )
 from ale_iac.agent.registry import available_executors, make_executor
-from ale_iac.agent.trajectory import AgentInfo, Step, Trajectory, TrajectoryBuilder, json_lines
+from ale_iac.agent.trajectory import AgentInfo, Step, TokenMetrics, Trajectory, TrajectoryBuilder, json_lines
 
 __all__ = [
     "AgentConfig",
@@ -45,6 +45,7 @@ __all__ = [
     "ProcessResult",
     "Step",
     "TaskPaths",
+    "TokenMetrics",
     "ToolCatalog",
     "Trajectory",
     "TrajectoryBuilder",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,6 +66,15 @@ class FinalMetrics(_Model):
     total_completion_tokens: int | None = None
     total_cached_tokens: int | None = None
     total_cost_usd: float | None = None
+
+
+class TokenMetrics(TypedDict, total=False):
+    """The optional token fields of :class:`FinalMetrics`, as a transcript parser finds them."""
+
+    total_prompt_tokens: int
+    total_completion_tokens: int
+    total_cached_tokens: int
+    total_cost_usd: float | None
 
 
 class Trajectory(_Model):
@@ -135,10 +144,9 @@ class TrajectoryBuilder:
         return step
 
     def build(
-        self, notes: str | None = None, extra: dict[str, Any] | None = None, **token_metrics: int | float | None
+        self, notes: str | None = None, extra: dict[str, Any] | None = None, **token_metrics: Unpack[TokenMetrics]
     ) -> Trajectory:
-        """The trajectory; ``token_metrics`` are the optional FinalMetrics token fields
-        (``total_prompt_tokens``, ``total_completion_tokens``, ``total_cached_tokens``, ``total_cost_usd``)."""
+        """The trajectory; ``token_metrics`` are the optional FinalMetrics token fields."""
         calls = [c for s in self.steps for c in (s.tool_calls or [])]
         errors = sum(1 for s in self.steps for r in (s.observation.results if s.observation else []) if r.is_error)
         metrics = FinalMetrics(
