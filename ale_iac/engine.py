@@ -39,7 +39,7 @@ from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK i
 from pulumi.runtime.proto import language_pb2_grpc
 from pydantic import SecretStr
 
-from ale_iac import procs
+from ale_iac import filebackend, procs
 from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home
@@ -397,9 +397,11 @@ class Engine:
         return {name: live_outputs(unit) for name, unit in parse_units(outputs[UNITS_OUTPUT]).items()}
 
     def cancel(self, name: str) -> None:
-        """Release a stale lock (``pulumi cancel``); the file backend just deletes the lock file."""
-        with self._stack(name, None, create=False) as stack:
-            self._run(name, "cancel", stack.cancel)
+        """Release a stale lock (``pulumi cancel``); the file backend just deletes the lock file. One CLI
+        call, no ``stack select`` before it: recovering each stack a killed run left costs one call less."""
+        check_stack_name(name)
+        with self._workspace(name, None) as workspace, self._errors(name, "cancel"):
+            self._command.run(["cancel", "--yes", "--stack", name], workspace.work_dir, workspace.env_vars)
 
     def remove(self, name: str) -> None:
         with self._stack(name, None, create=False) as stack:
@@ -418,8 +420,16 @@ class Engine:
         self.destroy(name, remove=True)
 
     def list_stacks(self) -> list[StackInfo]:
-        with self._workspace("list", None) as workspace:
-            summaries = self._run("*", "stack ls", workspace.list_stacks)
+        """The stacks of the backend. A file backend with a damaged file (a write torn by a kill, which
+        fails ``pulumi stack ls`` as a whole) lists the stacks that read; :meth:`scan_state` names the rest."""
+        try:
+            with self._workspace("list", None) as workspace:
+                summaries = self._run("*", "stack ls", workspace.list_stacks)
+        except StackOperationError:
+            found = self.scan_state()
+            if found is None or not found.damage:
+                raise
+            return [StackInfo(name, None, None, self.is_locked(name)) for name in found.readable]
         return [
             StackInfo(
                 name=s.name,
@@ -430,19 +440,37 @@ class Engine:
             for s in summaries
         ]
 
+    @property
+    def state_root(self) -> Path | None:
+        """The folder of a ``file://`` backend (None for any other backend)."""
+        return Path(self.backend_url[len("file://") :]) if self.backend_url.startswith("file://") else None
+
+    def scan_state(self) -> filebackend.Scan | None:
+        """The damaged files of a file backend, read without the CLI (None for any other backend); files
+        a live ``pulumi`` process may be writing are left out (``ale_iac.filebackend``)."""
+        root = self.state_root
+        if root is None:
+            return None
+        writing = filebackend.writing_check(self.backend_url, self.lock_holders)
+        return filebackend.scan(root, PROJECT, writing)
+
     def is_locked(self, name: str) -> bool:
         return bool(self.lock_holders(name))
 
     def lock_holders(self, name: str) -> list[int]:
-        """PIDs of the CLI processes holding the stack's lock (file backend; others: none known)."""
-        if not self.backend_url.startswith("file://"):
+        """PIDs of the CLI processes holding the stack's lock (file backend; others: none known). Every
+        file in the stack's lock folder is a lock to the CLI, also a temp file a killed CLI left there;
+        one that names no pid counts as held by pid 0 (nobody alive)."""
+        root = self.state_root
+        if root is None:
             return []
-        root = Path(self.backend_url[len("file://") :]) / ".pulumi" / "locks"
         pids: list[int] = []
-        for lock in root.glob(f"*/{PROJECT}/{name}/*.json"):
+        for lock in (root / ".pulumi" / "locks").glob(f"*/{PROJECT}/{name}/*"):
+            if lock.name.endswith(".attrs"):
+                continue
             try:
                 pids.append(int(json.loads(lock.read_text()).get("pid", 0)))
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):
                 pids.append(0)
         return pids
 
