@@ -67,6 +67,8 @@ def gc(
     from ale_iac.runner.gc import collect
 
     report = collect(Engine(), dry_run=dry_run, sandboxes=sandboxes, expired=expired, only_stack=stack)
+    for damage in report.state_repairs:
+        typer.echo(f"{'would repair' if dry_run else 'repaired'} damaged state file {damage.describe()}")
     verb = "would destroy" if dry_run else "destroyed"
     for name in report.destroyed:
         typer.echo(f"{verb} stack {name}")
@@ -89,7 +91,8 @@ def gc(
     for problem in report.errors:
         typer.secho(f"error: {problem}", fg=typer.colors.RED, err=True)
     if not (
-        report.destroyed
+        report.state_repairs
+        or report.destroyed
         or report.sandboxes_stopped
         or report.expired
         or report.containers_removed

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ale_iac.errors import AleIacError
+
+if TYPE_CHECKING:
+    from ale_iac.engine import Engine
 
 sandbox_app = typer.Typer(help="Create, list and destroy single sandboxes (one stack each).", no_args_is_help=True)
 
@@ -87,41 +90,26 @@ def env(
 
 @sandbox_app.command("ls")
 def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the ale-iac stacks in the backend and the units each exports."""
+    """List the ale-iac stacks in the backend and the units each exports.
+
+    A state file that a kill tore (which fails ``pulumi stack ls`` as a whole) does not fail the listing:
+    its stack is listed as damaged, and each damaged file is named on stderr with what ``ale-iac gc``
+    does about it.
+    """
     from ale_iac.engine import Engine
 
     engine = Engine()
-    rows = []
+    found = engine.scan_state()
+    damage = found.damage if found is not None else []
+    rows: list[dict[str, Any]] = []
     for info in engine.list_stacks():
-        try:
-            units = engine.units(info.name)
-        except AleIacError as exc:
-            rows.append(
-                {
-                    "stack": info.name,
-                    "unit": "-",
-                    "run": "-",
-                    "endpoint": f"({exc})",
-                    "provider": "-",
-                    "locked": info.locked,
-                }
-            )
-            continue
-        for name, unit in units.items():
-            rows.append(
-                {
-                    "stack": info.name,
-                    "unit": name,
-                    "run": unit.labels.get("run", "-"),
-                    "endpoint": unit.endpoint,
-                    "provider": unit.provider,
-                    "locked": info.locked,
-                }
-            )
-        if not units:
-            rows.append(
-                {"stack": info.name, "unit": "-", "run": "-", "endpoint": "-", "provider": "-", "locked": info.locked}
-            )
+        rows += _stack_rows(engine, info.name, info.locked)
+    listed = {row["stack"] for row in rows}
+    for stack in sorted({d.stack for d in damage if d.stack is not None} - listed):
+        problem = next(d.problem for d in damage if d.stack == stack)
+        rows.append(_row(stack, endpoint=f"(damaged state: {problem})", locked=engine.is_locked(stack)))
+    for bad in damage:
+        typer.echo(f"damaged state file {bad.path}: {bad.problem} (ale-iac gc will {bad.remedy})", err=True)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -148,6 +136,32 @@ def ls_table(rows: list[dict[str, Any]], width: int) -> Table:
         cells = (str(row[k]) for k in ("unit", "provider", "endpoint", "run"))
         table.add_row(*cells, "yes" if row["locked"] else "", str(row["stack"]))
     return table
+
+
+def _stack_rows(engine: Engine, stack: str, locked: bool) -> list[dict[str, Any]]:
+    """One row per unit of the stack; one row saying why when it exports none or cannot be read."""
+    try:
+        units = engine.units(stack)
+    except AleIacError as exc:
+        return [_row(stack, endpoint=f"({exc})", locked=locked)]
+    rows = [
+        _row(
+            stack,
+            unit=name,
+            run=unit.labels.get("run", "-"),
+            endpoint=unit.endpoint,
+            provider=unit.provider,
+            locked=locked,
+        )
+        for name, unit in units.items()
+    ]
+    return rows or [_row(stack, locked=locked)]
+
+
+def _row(
+    stack: str, *, unit: str = "-", run: str = "-", endpoint: str = "-", provider: str = "-", locked: bool
+) -> dict[str, Any]:
+    return {"stack": stack, "unit": unit, "run": run, "endpoint": endpoint, "provider": provider, "locked": locked}
 
 
 @sandbox_app.command("destroy")

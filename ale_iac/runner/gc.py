@@ -1,5 +1,8 @@
 """``ale-iac gc``: find what crashed runs left behind and destroy it.
 
+* first, files of the Pulumi file backend that a kill tore (an empty ``.attrs`` sidecar, a leftover temp
+  file, an unreadable checkpoint), which fail every ``pulumi stack ls``: each is repaired or put in the
+  quarantine (``ale_iac.filebackend``), so that what follows can read the backend;
 * ephemeral ``run-*`` stacks of this home that no live run claims (the run was killed, even with
   SIGKILL) — not the ones a run retained on purpose, nor other homes' (a shared backend);
 * local sandboxes whose stack is gone or no longer lists them (a create killed before Pulumi
@@ -22,6 +25,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ale_iac import filebackend
 from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, sweep_orphan_providers
@@ -42,6 +46,8 @@ class GcReport:
     warm_bridges_removed: list[str] = field(default_factory=list)
     private_dirs_removed: list[str] = field(default_factory=list)
     containers_removed: list[str] = field(default_factory=list)
+    state_repairs: list[filebackend.Damage] = field(default_factory=list)
+    """Damaged files of the file backend, each with what was (with ``dry_run``: would be) done about it."""
 
 
 def _expired(expires_at: str | None, now: dt.datetime) -> bool:
@@ -67,14 +73,17 @@ def collect(
     live = {s: c.run_id for c in claims if c.alive for s in c.stacks}
     retained = {s: c.run_id for c in claims for s in c.retained}
     now = dt.datetime.now(dt.UTC)
+    if not dry_run:
+        # First: the plugin of a killed CLI may still be creating a sandbox that the sweeps below would miss.
+        report.providers_killed = sweep_orphan_providers()
 
-    stacks = engine.list_stacks()
-    existing = {s.name for s in stacks}
+    repairable = _repair_state(engine, dry_run, report)  # before anything reads the backend
+    stacks = list(dict.fromkeys([s.name for s in engine.list_stacks()] + repairable))
+    existing = set(stacks)
     read_units = _UnitsReader(engine)
     if only_stack is not None and only_stack not in existing:
         raise AleIacError(f"no stack named '{only_stack}'")
-    for info in stacks:
-        name = info.name
+    for name in stacks:
         if only_stack is not None and name != only_stack:
             continue
         orphan = False
@@ -110,11 +119,25 @@ def collect(
     report.private_dirs_removed = [str(folder) for folder in sweep_private_dirs(dry_run=dry_run)]
     if not dry_run:
         engine.sweep_work_dirs()
-        report.providers_killed = sweep_orphan_providers()
         for claim in claims:
             if not claim.alive and not claim.retained:
                 (runs_dir() / f"{claim.run_id}.json").unlink(missing_ok=True)
     return report
+
+
+def _repair_state(engine: Engine, dry_run: bool, report: GcReport) -> list[str]:
+    """Repair the damaged files of a file backend (writes torn by a kill) before anything reads it; a dry
+    run lists them with what it would do. Returns the stacks a dry run's repair would make readable
+    (the CLI cannot list them yet)."""
+    found = engine.scan_state()
+    if found is None:
+        return []
+    if dry_run:
+        report.state_repairs = list(found.damage)
+        return found.repairable
+    report.state_repairs, errors = filebackend.repair(found, filebackend.quarantine_folder(engine.home))
+    report.errors += [f"repairing the state: {error}" for error in errors]
+    return []
 
 
 class _UnitsReader:
