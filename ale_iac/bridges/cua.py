@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Literal
 
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field
 
@@ -60,15 +61,22 @@ _ABSOLUTE = re.compile(r"^(/|[A-Za-z]:[\\/])")
 def build_server(client_factory: ClientFactory) -> BridgeServer:
     """The cua bridge over the computer-server that ``client_factory`` connects to."""
     state = BridgeState(client_factory)
+    tools = [*_key_tools(state), *_pointer_tools(state), *_button_tools(state), *_screen_tools(state)]
+    return BridgeServer("ale-iac-cua", INSTRUCTIONS, tools)
 
-    def keys_of(keys: list[str]) -> list[str]:
-        try:
-            return normalize_keys(keys)
-        except ValueError as exc:
-            raise ToolError(f"keys: {exc}") from exc
+
+def _keys_of(keys: list[str]) -> list[str]:
+    try:
+        return normalize_keys(keys)
+    except ValueError as exc:
+        raise ToolError(f"keys: {exc}") from exc
+
+
+def _key_tools(state: BridgeState) -> list[Tool]:
+    """The keyboard: key, key_down, key_up, hold_key and type."""
 
     async def key(keys: Keys) -> str:
-        names = keys_of(keys)
+        names = _keys_of(keys)
         async with failing(f"cannot press {'+'.join(names)}"):
             client = await state.client()
             if len(names) == 1:
@@ -78,7 +86,7 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
         return f"Pressed: {'+'.join(names)}"
 
     async def key_down(keys: Keys) -> str:
-        names = keys_of(keys)
+        names = _keys_of(keys)
         async with failing(f"cannot press down {'+'.join(names)}"):
             client = await state.client()
             for name in names:
@@ -86,7 +94,7 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
         return f"Key down: {'+'.join(names)}"
 
     async def key_up(keys: Keys) -> str:
-        names = keys_of(keys)
+        names = _keys_of(keys)
         async with failing(f"cannot release {'+'.join(names)}"):
             client = await state.client()
             for name in names:
@@ -97,7 +105,7 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
         keys: Keys,
         duration: Annotated[float, Field(ge=0, le=60, description="Seconds to hold the keys down.")],
     ) -> str:
-        names = keys_of(keys)
+        names = _keys_of(keys)
         async with failing(f"cannot hold {'+'.join(names)}"):
             client = await state.client()
             pressed: list[str] = []
@@ -116,6 +124,18 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             await (await state.client()).type_text(text)
         preview = text[:TYPE_PREVIEW] + "..." if len(text) > TYPE_PREVIEW else text
         return f'Typed: "{preview}"'
+
+    return [
+        make_tool(key, "key", 'Press and release keys; several keys are a chord, e.g. ["ctrl", "c"].'),
+        make_tool(key_down, "key_down", "Press keys down without releasing them (pair with key_up)."),
+        make_tool(key_up, "key_up", "Release keys pressed with key_down."),
+        make_tool(hold_key, "hold_key", "Hold keys down for duration seconds, then release them."),
+        make_tool(type_, "type", "Type text into the focused window."),
+    ]
+
+
+def _pointer_tools(state: BridgeState) -> list[Tool]:
+    """The mouse's moves: mouse_move, click and drag."""
 
     async def mouse_move(coordinate: Coordinate) -> str:
         async with failing(f"cannot move the cursor to {fmt_coord(coordinate)}"):
@@ -159,6 +179,20 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             await client.drag([begin, end], button=button, duration=DRAG_SECONDS)
         return f"Dragged ({button}) from {start} to {fmt_coord(coordinate)}"
 
+    return [
+        make_tool(mouse_move, "mouse_move", "Move the mouse cursor to a coordinate."),
+        make_tool(click, "click", "Click a mouse button (1 to 3 times) at a coordinate, or where the cursor is."),
+        make_tool(
+            drag,
+            "drag",
+            "Press a mouse button at start_coordinate (default: where the cursor is), move to coordinate, release.",
+        ),
+    ]
+
+
+def _button_tools(state: BridgeState) -> list[Tool]:
+    """The mouse's buttons and wheel: mouse_down, mouse_up and scroll."""
+
     async def mouse_down(button: Annotated[Button, Field(description="Mouse button to press.")] = "left") -> str:
         async with failing(f"cannot press the {button} button"):
             await (await state.client()).mouse_down(button)
@@ -183,6 +217,16 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             await (await state.client()).scroll(direction, amount, x, y)
         return f"Scrolled {direction} {amount}{at}"
 
+    return [
+        make_tool(mouse_down, "mouse_down", "Press a mouse button where the cursor is, without releasing."),
+        make_tool(mouse_up, "mouse_up", "Release a mouse button where the cursor is."),
+        make_tool(scroll, "scroll", "Scroll the mouse wheel, optionally at a coordinate."),
+    ]
+
+
+def _screen_tools(state: BridgeState) -> list[Tool]:
+    """Waiting for the screen and looking at it: wait, screenshot, cursor_position and get_screen_size."""
+
     async def wait(duration: Annotated[float, Field(ge=0, le=600, description="Seconds to wait.")]) -> str:
         await asyncio.sleep(duration)
         return f"Waited {fmt_num(duration)}s"
@@ -192,16 +236,7 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             str | None, Field(description="Also save the PNG at this absolute path in the sandbox.")
         ] = None,
     ) -> list[TextContent | ImageContent]:
-        if save_path is not None:
-            parent = _parent(save_path)
-            async with failing(f"cannot save the screenshot to {save_path}"):
-                if not await (await state.client()).dir_exists(parent):
-                    raise ToolError(f"cannot save the screenshot to {save_path}: {parent} does not exist")
-        async with failing("cannot take a screenshot"):
-            png = await (await state.client()).screenshot()
-        if save_path is not None:
-            async with failing(f"cannot save the screenshot to {save_path}"):
-                await (await state.client()).write_bytes(save_path, png)
+        png = await _screenshot_png(state, save_path)
         text = "Screenshot captured" + (f" and saved to {save_path}" if save_path is not None else "")
         return [
             TextContent(type="text", text=text),
@@ -222,22 +257,7 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             structured_content={"width": width, "height": height},
         )
 
-    tools = [
-        make_tool(key, "key", 'Press and release keys; several keys are a chord, e.g. ["ctrl", "c"].'),
-        make_tool(key_down, "key_down", "Press keys down without releasing them (pair with key_up)."),
-        make_tool(key_up, "key_up", "Release keys pressed with key_down."),
-        make_tool(hold_key, "hold_key", "Hold keys down for duration seconds, then release them."),
-        make_tool(type_, "type", "Type text into the focused window."),
-        make_tool(mouse_move, "mouse_move", "Move the mouse cursor to a coordinate."),
-        make_tool(click, "click", "Click a mouse button (1 to 3 times) at a coordinate, or where the cursor is."),
-        make_tool(
-            drag,
-            "drag",
-            "Press a mouse button at start_coordinate (default: where the cursor is), move to coordinate, release.",
-        ),
-        make_tool(mouse_down, "mouse_down", "Press a mouse button where the cursor is, without releasing."),
-        make_tool(mouse_up, "mouse_up", "Release a mouse button where the cursor is."),
-        make_tool(scroll, "scroll", "Scroll the mouse wheel, optionally at a coordinate."),
+    return [
         make_tool(wait, "wait", "Wait for duration seconds (for example for an application to respond)."),
         make_tool(
             screenshot,
@@ -252,7 +272,22 @@ def build_server(client_factory: ClientFactory) -> BridgeServer:
             structured=True,
         ),
     ]
-    return BridgeServer("ale-iac-cua", INSTRUCTIONS, tools)
+
+
+async def _screenshot_png(state: BridgeState, save_path: str | None) -> bytes:
+    """The screen as PNG, also written to ``save_path`` in the sandbox when given (its folder checked first,
+    so a bad path fails before the capture)."""
+    if save_path is not None:
+        parent = _parent(save_path)
+        async with failing(f"cannot save the screenshot to {save_path}"):
+            if not await (await state.client()).dir_exists(parent):
+                raise ToolError(f"cannot save the screenshot to {save_path}: {parent} does not exist")
+    async with failing("cannot take a screenshot"):
+        png = await (await state.client()).screenshot()
+    if save_path is not None:
+        async with failing(f"cannot save the screenshot to {save_path}"):
+            await (await state.client()).write_bytes(save_path, png)
+    return png
 
 
 async def _release(client: ComputerServerClient, keys: list[str]) -> None:
