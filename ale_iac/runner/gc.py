@@ -86,18 +86,9 @@ def collect(
     for name in stacks:
         if only_stack is not None and name != only_stack:
             continue
-        orphan = False
-        if name in live:
-            report.kept[name] = f"in use by live run {live[name]}"
-        elif name in retained:
-            report.kept[name] = f"retained by run {retained[name]}"
-        elif made_here(name, "run") or only_stack == name or (sandboxes and made_here(name, "sbx")):
-            orphan = True
-        elif name.startswith(("run-", "sbx-")) and not made_here(name, "sbx"):
-            report.kept[name] = "made by another ale-iac home (gc only removes what this home made)"
-        else:
-            report.kept[name] = "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
-        if not orphan:
+        why_kept = _why_kept(name, live, retained, sandboxes, named=only_stack == name)
+        if why_kept is not None:
+            report.kept[name] = why_kept
             if _check_expiry(engine, read_units(name), name, now, report, destroy=expired and not dry_run):
                 existing.discard(name)
             continue
@@ -123,6 +114,20 @@ def collect(
             if not claim.alive and not claim.retained:
                 (runs_dir() / f"{claim.run_id}.json").unlink(missing_ok=True)
     return report
+
+
+def _why_kept(name: str, live: dict[str, str], retained: dict[str, str], sandboxes: bool, named: bool) -> str | None:
+    """Why gc leaves the stack alone, or None for an orphan to destroy (``sandboxes``: this home's ``sbx-*``
+    too; ``named``: the stack ``--stack`` names, whatever made it)."""
+    if name in live:
+        return f"in use by live run {live[name]}"
+    if name in retained:
+        return f"retained by run {retained[name]}"
+    if made_here(name, "run") or named or (sandboxes and made_here(name, "sbx")):
+        return None
+    if name.startswith(("run-", "sbx-")) and not made_here(name, "sbx"):
+        return "made by another ale-iac home (gc only removes what this home made)"
+    return "not ephemeral (pool or sandbox; use --sandboxes for sbx-*)"
 
 
 def _repair_state(engine: Engine, dry_run: bool, report: GcReport) -> list[str]:

@@ -93,6 +93,26 @@ def _state_files(engine: Engine) -> dict[str, bytes]:
     return {str(p.relative_to(_meta(engine))): p.read_bytes() for p in _meta(engine).rglob("*") if p.is_file()}
 
 
+def _tear(engine: Engine, stacks: dict[str, str]) -> list[str]:
+    """Tear the files of stacks ``a``, ``c``, ``d`` and ``e`` as the test below says; the damaged files."""
+    meta = _meta(engine)
+    a, c, d, e = (_checkpoint(engine, stacks[key]) for key in "acde")
+    _temp_name(a).write_bytes(a.read_bytes())
+    a.write_bytes(Path(f"{a}.bak").read_bytes())
+    Path(f"{a}.attrs").write_bytes(b"")
+    c.write_bytes(c.read_bytes()[:300])
+    for folder in (meta / "backups" / PROJECT / stacks["d"], meta / "history" / PROJECT / stacks["d"]):
+        for path in folder.glob("*.json"):
+            path.write_bytes(path.read_bytes()[:50])
+    Path(f"{d}.bak").write_bytes(b"")
+    d.write_bytes(d.read_bytes()[:200])
+    leftover = _temp_name(e)
+    leftover.write_bytes(e.read_bytes()[:120])
+    Path(f"{e}.bak.attrs").write_bytes(b"")
+    (meta / "meta.yaml.attrs").write_bytes(b"")
+    return [f"{a}.attrs", str(c), str(d), str(leftover), f"{e}.bak.attrs", str(meta / "meta.yaml.attrs")]
+
+
 def test_gc_repairs_torn_state_files_and_stops_every_sandbox() -> None:
     """Four live sandboxes, their stacks' files torn four ways (what a SIGKILL of the CLI leaves):
 
@@ -109,22 +129,8 @@ def test_gc_repairs_torn_state_files_and_stops_every_sandbox() -> None:
     sandbox = {
         key: up_unit(engine, profile, stack, UnitSpec(name=UNIT_NAME)).resource_id for key, stack in stacks.items()
     }
-    meta = _meta(engine)
-    a, c, d, e = (_checkpoint(engine, stacks[key]) for key in "acde")
-    _temp_name(a).write_bytes(a.read_bytes())
-    a.write_bytes(Path(f"{a}.bak").read_bytes())
-    Path(f"{a}.attrs").write_bytes(b"")
-    c.write_bytes(c.read_bytes()[:300])
-    for folder in (meta / "backups" / PROJECT / stacks["d"], meta / "history" / PROJECT / stacks["d"]):
-        for path in folder.glob("*.json"):
-            path.write_bytes(path.read_bytes()[:50])
-    Path(f"{d}.bak").write_bytes(b"")
-    d.write_bytes(d.read_bytes()[:200])
-    leftover = _temp_name(e)
-    leftover.write_bytes(e.read_bytes()[:120])
-    Path(f"{e}.bak.attrs").write_bytes(b"")
-    (meta / "meta.yaml.attrs").write_bytes(b"")
-    bad = [f"{a}.attrs", str(c), str(d), str(leftover), f"{e}.bak.attrs", str(meta / "meta.yaml.attrs")]
+    bad = _tear(engine, stacks)
+    d = _checkpoint(engine, stacks["d"])
 
     listed = ale_iac("sandbox", "ls", "--json")
     assert listed.returncode == 0, listed.stderr
