@@ -8,6 +8,9 @@ or by name, not by a call it can see. Add a name here only with the reason; dele
 
 # pydantic: model configuration, validators and serialized fields
 model_config  # unused variable (agents/scripted/deployer.py:68)
+_._keep_details  # unused method (agents/claude_code/transcript.py, agents/codex/transcript.py)
+num_turns  # read by name (agents/claude_code/transcript.py _RESULT_EXTRAS)
+duration_ms  # read by name (agents/claude_code/transcript.py _RESULT_EXTRAS)
 _._compiles  # unused method (agents/scripted/deployer.py:84)
 model_config  # unused variable (ale_iac/agent/config.py:17)
 model_config  # unused variable (ale_iac/agent/config.py:38)

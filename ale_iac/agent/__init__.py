@@ -26,7 +26,16 @@ from ale_iac.agent.executor import (
     ProcessResult,
 )
 from ale_iac.agent.registry import available_executors, make_executor
-from ale_iac.agent.trajectory import AgentInfo, Step, TokenMetrics, Trajectory, TrajectoryBuilder, json_lines
+from ale_iac.agent.trajectory import (
+    AgentInfo,
+    Step,
+    TokenMetrics,
+    Trajectory,
+    TrajectoryBuilder,
+    UnreadableEvent,
+    json_lines,
+    read_events,
+)
 
 __all__ = [
     "AgentConfig",
@@ -49,9 +58,11 @@ __all__ = [
     "ToolCatalog",
     "Trajectory",
     "TrajectoryBuilder",
+    "UnreadableEvent",
     "available_executors",
     "json_lines",
     "load_deployer_class",
     "make_executor",
+    "read_events",
     "sibling_module",
 ]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Literal, TypedDict, Unpack
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ale_iac.clock import utc_now
 
@@ -179,3 +180,38 @@ def json_lines(text: str, kind_key: str = "type") -> tuple[list[dict[str, Any]],
                 continue
         other.append(line)
     return events, other
+
+
+EventT = TypeVar("EventT")
+
+
+@dataclass(frozen=True)
+class UnreadableEvent:
+    """An event whose type a transcript parser knows, in a shape its model of that type does not fit."""
+
+    type: str
+    timestamp: str | None
+    """The event's ``timestamp``, when it has a string one."""
+    error: str
+    """Where it does not fit (at most three places), e.g. ``message: Input should be a valid dictionary``."""
+
+
+def read_events(
+    text: str, events: TypeAdapter[EventT], kind_key: str = "type"
+) -> tuple[list[EventT | UnreadableEvent], list[str]]:
+    """:func:`json_lines`, each event read into a model: ``events`` adapts a discriminated union of the
+    parser's event models, tagged by kind (the tag is left out of the error's locations). An event that
+    does not fit its model is an :class:`UnreadableEvent` in its place, so one odd event costs one step,
+    not the whole trajectory."""
+    raws, other = json_lines(text, kind_key)
+    read: list[EventT | UnreadableEvent] = []
+    for raw in raws:
+        try:
+            read.append(events.validate_python(raw))
+        except ValidationError as exc:
+            where = [f"{'.'.join(str(p) for p in e['loc'][1:]) or 'event'}: {e['msg']}" for e in exc.errors()[:3]]
+            stamp = raw.get("timestamp")
+            read.append(
+                UnreadableEvent(str(raw[kind_key]), stamp if isinstance(stamp, str) else None, "; ".join(where))
+            )
+    return read, other

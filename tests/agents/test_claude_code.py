@@ -279,6 +279,34 @@ def test_a_bridge_that_did_not_start_fails_the_run() -> None:
     assert trajectory.steps[0].source == "system" and "vm (failed) did not start" in trajectory.steps[0].message
 
 
+def test_an_event_that_does_not_fit_its_type_becomes_a_system_step() -> None:
+    """An assistant event whose message is no object, a result whose token count is no number: each is named
+    in a system step where it stood, and the rest of the run is read as usual."""
+    events = [
+        json.loads(line)
+        for line in (FIXTURES / AGENT / "bridges.jsonl").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    calls = [i for i, e in enumerate(events) if e["type"] == "assistant" and "tool_use" in json.dumps(e["message"])]
+    events[calls[1]]["message"] = "not an object"
+    events[-1]["usage"]["input_tokens"] = "many"
+    text = "\n".join(json.dumps(e) for e in events)
+    trajectory = parser().to_trajectory(text, prompt="p", agent=AgentInfo(name="c"), session_id="s", status="failed")
+    steps = trajectory.trajectory.steps
+    unreadable = [s.message for s in steps if s.source == "system" and s.message.startswith("unreadable")]
+    assert unreadable == [
+        "unreadable assistant event in the transcript (message: Input should be a valid dictionary or instance of "
+        "AssistantMessage)",
+        "unreadable result event in the transcript (usage.input_tokens: Input should be a valid integer, unable to "
+        "parse string as an integer)",
+    ]
+    names = [s.tool_calls[0].function_name for s in tool_steps(trajectory.trajectory)]
+    assert names == ["mcp__vm__run_command", "mcp__vm__run_command", "mcp__vm__read_text", "mcp__cua__screenshot"]
+    check_pairing(trajectory.trajectory)
+    error = parser().run_error(parser().read_transcript(text), 0)
+    assert error is not None and error.startswith("the CLI exited 0 without a final result")
+
+
 # ------------------------------------------------------------------------------------------------------
 # The real CLI
 # ------------------------------------------------------------------------------------------------------

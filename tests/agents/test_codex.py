@@ -247,6 +247,31 @@ def test_parse_a_run_cut_off_mid_call() -> None:
     assert trajectory.steps[-1].message == "the run was stopped: agent exceeded its 60 s limit"
 
 
+def test_an_event_that_does_not_fit_its_type_becomes_a_system_step() -> None:
+    """A tool item whose server is no string, a completed turn whose token count is no number: each is named
+    in a system step where it stood, and the rest of the run is read as usual."""
+    lines = fixture("bridges.jsonl").splitlines()
+    events = {i: json.loads(line) for i, line in enumerate(lines) if line.startswith("{")}
+    write = next(i for i, e in events.items() if e["type"] == "item.completed" and e["item"]["id"] == "item_2")
+    events[write]["item"]["server"] = 7
+    turn = next(i for i, e in events.items() if e["type"] == "turn.completed")
+    events[turn]["usage"]["input_tokens"] = "many"
+    text = "\n".join(json.dumps(events[i]) if i in events else line for i, line in enumerate(lines))
+    trajectory = parse_text(text, status="failed", exit_code=0).trajectory
+    unreadable = [s.message for s in trajectory.steps if s.source == "system" and s.message.startswith("unreadable")]
+    assert unreadable == [
+        "unreadable item.completed event in the transcript (item.mcp_tool_call.server: Input should be a valid string)",
+        "unreadable turn.completed event in the transcript (usage.input_tokens: Input should be a valid integer, "
+        "unable to parse string as an integer)",
+    ]
+    steps = tool_steps(trajectory)
+    assert len(steps) == 5 and "no result" in steps[1].observation.results[0].content  # its end was unreadable
+    assert steps[2].observation.results[0].content.startswith("exit_code: 0")
+    check_pairing(trajectory)
+    error = parser().run_error(parser().read_transcript(text), 0)
+    assert error is not None and error.startswith("the CLI exited 0 without completing a turn")
+
+
 # ------------------------------------------------------------------------------------------------------
 # The real CLI
 # ------------------------------------------------------------------------------------------------------
