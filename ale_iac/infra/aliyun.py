@@ -44,10 +44,12 @@ from ale_iac.infra.cloud_common import (
     unit_labels,
     unit_slug,
 )
-from ale_iac.infra.shapes import preflight
+from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:aliyun:Unit"
 SSH_PORT = 22
+_EXPIRY_TAG = f'tags["{LABEL_EXPIRY}"]'
+"""The expiry tag's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
 
 
 def region_provider(region: str) -> alicloud.Provider:
@@ -84,11 +86,8 @@ class AliyunUnit(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         expiry = expiry_for(route.ttl_hours)
         labels = unit_labels(unit, snapshot, ctx, expiry)
-        expiry_tag = f'tags["{LABEL_EXPIRY}"]'
         description = identity_text(labels)
-        self.rules: list[pulumi.CustomResource] = []
         display_name = label_value(f"ale-{labels[LABEL_STACK]}-{labels[LABEL_UNIT]}")
-
         sg = alicloud.ecs.SecurityGroup(
             f"{name}-sg",
             vpc_id=route.vpc_id,
@@ -97,77 +96,13 @@ class AliyunUnit(pulumi.ComponentResource):
             inner_access_policy="Drop",
             description=f"{description}: computer-server access",
             tags=labels,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=[expiry_tag])),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=[_EXPIRY_TAG])),
         )
-
-        def ingress(suffix: str, ranges: list[str], port: int) -> None:
-            v4, v6 = split_ranges(ranges)
-            for index, cidr in enumerate(v4 + v6):
-                rule = alicloud.ecs.SecurityGroupRule(
-                    f"{name}-{suffix}-{index}",
-                    security_group_id=sg.id,
-                    type="ingress",
-                    ip_protocol="tcp",
-                    port_range=f"{port}/{port}",
-                    cidr_ip=cidr if cidr in v4 else None,
-                    ipv6_cidr_ip=cidr if cidr in v6 else None,
-                    policy="accept",
-                    priority=1,
-                    nic_type="intranet",
-                    description=f"{description}: {suffix}",
-                    opts=child,
-                )
-                self.rules.append(rule)
-
-        ingress("server", route.allowed_source_ranges, route.server_port)
-        if route.ssh_source_ranges:
-            ingress("ssh", route.ssh_source_ranges, SSH_PORT)
-        if not route.allow_outbound:
-            deny = alicloud.ecs.SecurityGroupRule(
-                f"{name}-deny-egress",
-                security_group_id=sg.id,
-                type="egress",
-                ip_protocol="all",
-                port_range="-1/-1",
-                cidr_ip="0.0.0.0/0",
-                policy="drop",
-                priority=100,
-                nic_type="intranet",
-                description=f"{description}: no outbound",
-                opts=child,
-            )
-            self.rules.append(deny)
-
+        rules = security_group_rules(name, route, sg, description, child)
         public = not route.reach_privately
-        instance = alicloud.ecs.Instance(
-            f"{name}-vm",
-            image_id=route.image,
-            instance_type=shape.machine_type,
-            instance_name=display_name,
-            vswitch_id=route.vswitch_id,
-            security_groups=[sg.id],
-            instance_charge_type="PostPaid",
-            spot_strategy="NoSpot",
-            auto_release_time=expiry.iso,
-            internet_max_bandwidth_out=route.public_bandwidth_mbps if public else 0,
-            internet_charge_type="PayByTraffic" if public else None,
-            system_disk_category="cloud_essd",
-            system_disk_size=shape.disk_gb,
-            key_name=route.key_name,
-            user_data=user_data(route),
-            http_tokens="required",
-            deletion_protection=False,
-            description=description,
-            tags=labels,
-            volume_tags=labels,
-            opts=pulumi.ResourceOptions.merge(
-                child,
-                pulumi.ResourceOptions(ignore_changes=["autoReleaseTime", expiry_tag, f'volumeTags["{LABEL_EXPIRY}"]']),
-            ),
-        )
-
+        instance = _instance(name, route, shape, sg, public, expiry.iso, display_name, description, labels, child)
         self.instance = instance
-        self.rules.insert(0, sg)
+        self.rules: list[pulumi.CustomResource] = [sg, *rules]
         self.handle = unit_handle(
             unit=unit,
             snapshot=snapshot,
@@ -181,6 +116,95 @@ class AliyunUnit(pulumi.ComponentResource):
             depends_on=self.rules,
         )
         self.register_outputs({"handle": self.handle})
+
+
+def security_group_rules(
+    name: str, route: AliyunRoute, sg: alicloud.ecs.SecurityGroup, description: str, opts: pulumi.ResourceOptions
+) -> list[pulumi.CustomResource]:
+    """The security group's rules: ingress to the computer-server (and SSH, when the route lists ranges for
+    it) from each of the route's ranges; a lowest-priority drop of all outbound traffic unless allowed."""
+    rules: list[pulumi.CustomResource] = []
+
+    def ingress(suffix: str, ranges: list[str], port: int) -> None:
+        v4, v6 = split_ranges(ranges)
+        for index, cidr in enumerate(v4 + v6):
+            rule = alicloud.ecs.SecurityGroupRule(
+                f"{name}-{suffix}-{index}",
+                security_group_id=sg.id,
+                type="ingress",
+                ip_protocol="tcp",
+                port_range=f"{port}/{port}",
+                cidr_ip=cidr if cidr in v4 else None,
+                ipv6_cidr_ip=cidr if cidr in v6 else None,
+                policy="accept",
+                priority=1,
+                nic_type="intranet",
+                description=f"{description}: {suffix}",
+                opts=opts,
+            )
+            rules.append(rule)
+
+    ingress("server", route.allowed_source_ranges, route.server_port)
+    if route.ssh_source_ranges:
+        ingress("ssh", route.ssh_source_ranges, SSH_PORT)
+    if not route.allow_outbound:
+        deny = alicloud.ecs.SecurityGroupRule(
+            f"{name}-deny-egress",
+            security_group_id=sg.id,
+            type="egress",
+            ip_protocol="all",
+            port_range="-1/-1",
+            cidr_ip="0.0.0.0/0",
+            policy="drop",
+            priority=100,
+            nic_type="intranet",
+            description=f"{description}: no outbound",
+            opts=opts,
+        )
+        rules.append(deny)
+    return rules
+
+
+def _instance(
+    name: str,
+    route: AliyunRoute,
+    shape: ResolvedShape,
+    sg: alicloud.ecs.SecurityGroup,
+    public: bool,
+    release_at: str,
+    display_name: str,
+    description: str,
+    labels: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> alicloud.ecs.Instance:
+    """The pay-as-you-go instance ECS releases itself at ``release_at``; a public IP (and its bandwidth)
+    only when the route reaches it publicly."""
+    return alicloud.ecs.Instance(
+        f"{name}-vm",
+        image_id=route.image,
+        instance_type=shape.machine_type,
+        instance_name=display_name,
+        vswitch_id=route.vswitch_id,
+        security_groups=[sg.id],
+        instance_charge_type="PostPaid",
+        spot_strategy="NoSpot",
+        auto_release_time=release_at,
+        internet_max_bandwidth_out=route.public_bandwidth_mbps if public else 0,
+        internet_charge_type="PayByTraffic" if public else None,
+        system_disk_category="cloud_essd",
+        system_disk_size=shape.disk_gb,
+        key_name=route.key_name,
+        user_data=user_data(route),
+        http_tokens="required",
+        deletion_protection=False,
+        description=description,
+        tags=labels,
+        volume_tags=labels,
+        opts=pulumi.ResourceOptions.merge(
+            opts,
+            pulumi.ResourceOptions(ignore_changes=["autoReleaseTime", _EXPIRY_TAG, f'volumeTags["{LABEL_EXPIRY}"]']),
+        ),
+    )
 
 
 def declare_unit(

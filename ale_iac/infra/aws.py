@@ -44,10 +44,12 @@ from ale_iac.infra.cloud_common import (
     unit_labels,
     unit_slug,
 )
-from ale_iac.infra.shapes import preflight
+from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:aws:Unit"
 SSH_PORT = 22
+_EXPIRY_TAG = f'tags["{LABEL_EXPIRY}"]'
+"""The expiry tag's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
 
 
 def region_provider(region: str) -> aws.Provider:
@@ -82,90 +84,25 @@ class AwsUnit(pulumi.ComponentResource):
         shape = preflight("aws", unit, route)
         super().__init__(UNIT_TYPE, name, None, opts)
         provider = region_provider(route.region)
-        child = pulumi.ResourceOptions(parent=self, provider=provider)
         expiry = expiry_for(route.ttl_hours)
         labels = unit_labels(unit, snapshot, ctx, expiry)
         tags = {**labels, "Name": f"ale-{labels[LABEL_STACK]}-{labels[LABEL_UNIT]}"}
-        tags_opts = pulumi.ResourceOptions(parent=self, provider=provider, ignore_changes=[f'tags["{LABEL_EXPIRY}"]'])
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        tagged = pulumi.ResourceOptions(parent=self, provider=provider, ignore_changes=[_EXPIRY_TAG])
         description = identity_text(labels)
-        self.rules: list[pulumi.CustomResource] = []
-
         sg = aws.ec2.SecurityGroup(
             f"{name}-sg",
             description=f"{description}: computer-server access",
             vpc_id=route.vpc_id,
             revoke_rules_on_delete=True,
             tags=tags,
-            opts=tags_opts,
+            opts=tagged,
         )
-
-        def ingress(suffix: str, ranges: list[str], port: int) -> None:
-            v4, v6 = split_ranges(ranges)
-            for index, cidr in enumerate(v4 + v6):
-                rule = aws.vpc.SecurityGroupIngressRule(
-                    f"{name}-{suffix}-{index}",
-                    security_group_id=sg.id,
-                    ip_protocol="tcp",
-                    from_port=port,
-                    to_port=port,
-                    cidr_ipv4=cidr if cidr in v4 else None,
-                    cidr_ipv6=cidr if cidr in v6 else None,
-                    description=f"{description}: {suffix}",
-                    tags=tags,
-                    opts=tags_opts,
-                )
-                self.rules.append(rule)
-
-        ingress("server", route.allowed_source_ranges, route.server_port)
-        if route.ssh_source_ranges:
-            ingress("ssh", route.ssh_source_ranges, SSH_PORT)
-        if route.allow_outbound:
-            egress = aws.vpc.SecurityGroupEgressRule(
-                f"{name}-egress",
-                security_group_id=sg.id,
-                ip_protocol="-1",
-                cidr_ipv4="0.0.0.0/0",
-                description=f"{description}: outbound (allow_outbound)",
-                tags=tags,
-                opts=tags_opts,
-            )
-            self.rules.append(egress)
-
+        rules = security_group_rules(name, route, sg, tags, description, tagged)
         public = not route.reach_privately
-        instance = aws.ec2.Instance(
-            f"{name}-vm",
-            ami=route.image,
-            instance_type=shape.machine_type,
-            availability_zone=route.availability_zone,
-            subnet_id=route.subnet_id,
-            vpc_security_group_ids=[sg.id],
-            associate_public_ip_address=public,
-            key_name=route.key_name,
-            user_data=user_data(route, expiry.ttl_seconds),
-            user_data_replace_on_change=True,
-            instance_initiated_shutdown_behavior="terminate",
-            disable_api_termination=False,
-            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
-            root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
-                volume_size=shape.disk_gb,
-                volume_type="gp3",
-                encrypted=True,
-                delete_on_termination=True,
-                tags=tags,
-            ),
-            tags=tags,
-            opts=pulumi.ResourceOptions.merge(
-                child,
-                pulumi.ResourceOptions(
-                    ignore_changes=[f'tags["{LABEL_EXPIRY}"]', f'rootBlockDevice.tags["{LABEL_EXPIRY}"]']
-                ),
-            ),
-        )
-
+        instance = _instance(name, route, shape, sg, public, user_data(route, expiry.ttl_seconds), tags, child)
         self.instance = instance
-        self.rules.insert(0, sg)
+        self.rules: list[pulumi.CustomResource] = [sg, *rules]
         self.handle = unit_handle(
             unit=unit,
             snapshot=snapshot,
@@ -179,6 +116,95 @@ class AwsUnit(pulumi.ComponentResource):
             depends_on=self.rules,
         )
         self.register_outputs({"handle": self.handle})
+
+
+def security_group_rules(
+    name: str,
+    route: AwsRoute,
+    sg: aws.ec2.SecurityGroup,
+    tags: dict[str, str],
+    description: str,
+    opts: pulumi.ResourceOptions,
+) -> list[pulumi.CustomResource]:
+    """The security group's rules, one resource each (so each can be tagged, and shows as its own plan line):
+    ingress to the computer-server (and SSH, when the route lists ranges for it) from each of the route's
+    ranges; outbound traffic only when the route allows it."""
+    rules: list[pulumi.CustomResource] = []
+
+    def ingress(suffix: str, ranges: list[str], port: int) -> None:
+        v4, v6 = split_ranges(ranges)
+        for index, cidr in enumerate(v4 + v6):
+            rule = aws.vpc.SecurityGroupIngressRule(
+                f"{name}-{suffix}-{index}",
+                security_group_id=sg.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                cidr_ipv4=cidr if cidr in v4 else None,
+                cidr_ipv6=cidr if cidr in v6 else None,
+                description=f"{description}: {suffix}",
+                tags=tags,
+                opts=opts,
+            )
+            rules.append(rule)
+
+    ingress("server", route.allowed_source_ranges, route.server_port)
+    if route.ssh_source_ranges:
+        ingress("ssh", route.ssh_source_ranges, SSH_PORT)
+    if route.allow_outbound:
+        egress = aws.vpc.SecurityGroupEgressRule(
+            f"{name}-egress",
+            security_group_id=sg.id,
+            ip_protocol="-1",
+            cidr_ipv4="0.0.0.0/0",
+            description=f"{description}: outbound (allow_outbound)",
+            tags=tags,
+            opts=opts,
+        )
+        rules.append(egress)
+    return rules
+
+
+def _instance(
+    name: str,
+    route: AwsRoute,
+    shape: ResolvedShape,
+    sg: aws.ec2.SecurityGroup,
+    public: bool,
+    boot: str,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.ec2.Instance:
+    """The instance: IMDSv2 only, an encrypted root volume that goes with it, terminated by a guest shutdown
+    (the guest TTL in its user data ``boot``), a public IP only when the route reaches it publicly."""
+    return aws.ec2.Instance(
+        f"{name}-vm",
+        ami=route.image,
+        instance_type=shape.machine_type,
+        availability_zone=route.availability_zone,
+        subnet_id=route.subnet_id,
+        vpc_security_group_ids=[sg.id],
+        associate_public_ip_address=public,
+        key_name=route.key_name,
+        user_data=boot,
+        user_data_replace_on_change=True,
+        instance_initiated_shutdown_behavior="terminate",
+        disable_api_termination=False,
+        metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
+            http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+        ),
+        root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
+            volume_size=shape.disk_gb,
+            volume_type="gp3",
+            encrypted=True,
+            delete_on_termination=True,
+            tags=tags,
+        ),
+        tags=tags,
+        opts=pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(ignore_changes=[_EXPIRY_TAG, f"rootBlockDevice.{_EXPIRY_TAG}"])
+        ),
+    )
 
 
 def declare_unit(unit: UnitSpec, snapshot: str, route: AwsRoute, ctx: DeclareContext) -> pulumi.Output[dict[str, Any]]:

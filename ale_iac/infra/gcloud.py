@@ -40,11 +40,13 @@ from ale_iac.infra.cloud_common import (
     unit_labels,
     unit_slug,
 )
-from ale_iac.infra.shapes import preflight
+from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:gcloud:Unit"
 SSH_PORT = 22
 _HYPERDISK_FAMILIES = ("c4-", "c4a-", "c4d-", "n4-", "m4-", "x4-", "a4-")
+_EXPIRY_LABEL = f'labels["{LABEL_EXPIRY}"]'
+"""The expiry label's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
 
 
 def network_tag(unit: UnitSpec, ctx: DeclareContext) -> str:
@@ -75,148 +77,33 @@ class GcloudUnit(pulumi.ComponentResource):
         # Shape first: a unit that cannot be sized fails before anything is registered.
         shape = preflight("gcloud", unit, route)
         super().__init__(UNIT_TYPE, name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         expiry = expiry_for(route.ttl_hours)
         labels = unit_labels(unit, snapshot, ctx, expiry)
         tag = network_tag(unit, ctx)
         description = identity_text(labels)
-        self.rules: list[pulumi.CustomResource] = []
-
-        def ingress(suffix: str, ranges: list[str], port: int) -> None:
-            for family, family_ranges in zip(("", "-v6"), split_ranges(ranges), strict=True):
-                if family_ranges:
-                    firewall = gcp.compute.Firewall(
-                        f"{name}-{suffix}{family}",
-                        project=route.project,
-                        network=route.network,
-                        direction="INGRESS",
-                        priority=1000,
-                        source_ranges=family_ranges,
-                        target_tags=[tag],
-                        allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(port)])],
-                        description=description,
-                        opts=child,
-                    )
-                    self.rules.append(firewall)
-
-        ingress("server", route.allowed_source_ranges, route.server_port)
-        if route.ssh_source_ranges:
-            ingress("ssh", route.ssh_source_ranges, SSH_PORT)
-        if not route.allow_outbound:
-            deny = gcp.compute.Firewall(
-                f"{name}-deny-egress",
-                project=route.project,
-                network=route.network,
-                direction="EGRESS",
-                priority=1000,
-                destination_ranges=["0.0.0.0/0"],
-                target_tags=[tag],
-                denies=[gcp.compute.FirewallDenyArgs(protocol="all")],
-                description=description,
-                opts=child,
-            )
-            self.rules.append(deny)
-
-        script = startup_script(route)
-        if route.os == "windows":
-            metadata = {"windows-startup-script-ps1": script}
-        else:
-            metadata = {"startup-script": script, "enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
-        expiry_path = f'labels["{LABEL_EXPIRY}"]'
-        common: dict[str, Any] = {
-            "project": route.project,
-            "zone": route.zone,
-            "machine_type": shape.machine_type,
-            "labels": labels,
-            "tags": [tag],
-            "metadata": metadata,
-            "deletion_protection": False,
-            "allow_stopping_for_update": True,
-            "enable_display": route.os == "windows",
-            "description": description,
-        }
+        self.rules: list[pulumi.CustomResource] = firewall_rules(
+            name, route, tag, description, pulumi.ResourceOptions(parent=self)
+        )
+        settings = instance_settings(route, shape, labels, tag, description)
         public = not route.reach_privately
-
+        instance: gcp.compute.Instance | gcp.compute.InstanceFromMachineImage
         if route.uses_machine_image:
             if shape.disk_gb is not None:
                 pulumi.log.warn(
                     f"unit {unit.name}: disk_gb={shape.disk_gb} is not applied; the machine image "
                     f"{route.image} fixes the disk size"
                 )
-            instance: gcp.compute.Instance | gcp.compute.InstanceFromMachineImage = (
-                gcp.compute.InstanceFromMachineImage(
-                    f"{name}-vm",
-                    source_machine_image=route.image,
-                    network_interfaces=[
-                        gcp.compute.InstanceFromMachineImageNetworkInterfaceArgs(
-                            network=route.network,
-                            subnetwork=route.subnetwork,
-                            access_configs=[gcp.compute.InstanceFromMachineImageNetworkInterfaceAccessConfigArgs()]
-                            if public
-                            else [],
-                        )
-                    ],
-                    scheduling=gcp.compute.InstanceFromMachineImageSchedulingArgs(
-                        provisioning_model="STANDARD",
-                        on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
-                        max_run_duration=gcp.compute.InstanceFromMachineImageSchedulingMaxRunDurationArgs(
-                            seconds=expiry.ttl_seconds
-                        ),
-                        instance_termination_action="DELETE",
-                    ),
-                    guest_accelerators=[
-                        gcp.compute.InstanceFromMachineImageGuestAcceleratorArgs(type=shape.accelerator, count=1)
-                    ]
-                    if shape.accelerator
-                    else None,
-                    opts=pulumi.ResourceOptions(parent=self, ignore_changes=[expiry_path]),
-                    **common,
-                )
-            )
+            instance = _machine_image_vm(name, route, shape, expiry.ttl_seconds, public, settings, self)
         else:
-            instance = gcp.compute.Instance(
-                f"{name}-vm",
-                boot_disk=gcp.compute.InstanceBootDiskArgs(
-                    auto_delete=True,
-                    initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                        image=route.image,
-                        size=shape.disk_gb,
-                        type=boot_disk_type(shape.machine_type),
-                        labels=labels,
-                    ),
-                ),
-                network_interfaces=[
-                    gcp.compute.InstanceNetworkInterfaceArgs(
-                        network=route.network,
-                        subnetwork=route.subnetwork,
-                        access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if public else [],
-                    )
-                ],
-                scheduling=gcp.compute.InstanceSchedulingArgs(
-                    provisioning_model="STANDARD",
-                    on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
-                    max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=expiry.ttl_seconds),
-                    instance_termination_action="DELETE",
-                ),
-                guest_accelerators=[gcp.compute.InstanceGuestAcceleratorArgs(type=shape.accelerator, count=1)]
-                if shape.accelerator
-                else None,
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    ignore_changes=[expiry_path, f"bootDisk.initializeParams.{expiry_path}"],
-                ),
-                **common,
-            )
-
+            instance = _image_vm(name, route, shape, expiry.ttl_seconds, public, labels, settings, self)
         nic = instance.network_interfaces[0]
-        address = nic.access_configs[0].nat_ip if public else nic.network_ip
         self.instance = instance
         self.handle = unit_handle(
             unit=unit,
             snapshot=snapshot,
             route=route,
             region=route.zone,
-            address=address,
+            address=nic.access_configs[0].nat_ip if public else nic.network_ip,
             resource_id=instance.id,
             reset_urn=instance.urn,
             resource_labels=instance.labels,
@@ -224,6 +111,157 @@ class GcloudUnit(pulumi.ComponentResource):
             depends_on=self.rules,
         )
         self.register_outputs({"handle": self.handle})
+
+
+def firewall_rules(
+    name: str, route: GcloudRoute, tag: str, description: str, opts: pulumi.ResourceOptions
+) -> list[pulumi.CustomResource]:
+    """The unit's firewall rules, all targeted at its network tag: ingress to the computer-server (and SSH,
+    when the route lists ranges for it) from the route's ranges only; all egress denied unless allowed."""
+    rules: list[pulumi.CustomResource] = []
+
+    def ingress(suffix: str, ranges: list[str], port: int) -> None:
+        for family, family_ranges in zip(("", "-v6"), split_ranges(ranges), strict=True):
+            if family_ranges:
+                firewall = gcp.compute.Firewall(
+                    f"{name}-{suffix}{family}",
+                    project=route.project,
+                    network=route.network,
+                    direction="INGRESS",
+                    priority=1000,
+                    source_ranges=family_ranges,
+                    target_tags=[tag],
+                    allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(port)])],
+                    description=description,
+                    opts=opts,
+                )
+                rules.append(firewall)
+
+    ingress("server", route.allowed_source_ranges, route.server_port)
+    if route.ssh_source_ranges:
+        ingress("ssh", route.ssh_source_ranges, SSH_PORT)
+    if not route.allow_outbound:
+        deny = gcp.compute.Firewall(
+            f"{name}-deny-egress",
+            project=route.project,
+            network=route.network,
+            direction="EGRESS",
+            priority=1000,
+            destination_ranges=["0.0.0.0/0"],
+            target_tags=[tag],
+            denies=[gcp.compute.FirewallDenyArgs(protocol="all")],
+            description=description,
+            opts=opts,
+        )
+        rules.append(deny)
+    return rules
+
+
+def instance_metadata(route: GcloudRoute) -> dict[str, str]:
+    """The VM's metadata: the startup script (PowerShell on Windows); on Linux, SSH through OS Login only."""
+    script = startup_script(route)
+    if route.os == "windows":
+        return {"windows-startup-script-ps1": script}
+    return {"startup-script": script, "enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
+
+
+def instance_settings(
+    route: GcloudRoute, shape: ResolvedShape, labels: dict[str, str], tag: str, description: str
+) -> dict[str, Any]:
+    """The arguments both kinds of VM take alike (from an image or from a machine image)."""
+    return {
+        "project": route.project,
+        "zone": route.zone,
+        "machine_type": shape.machine_type,
+        "labels": labels,
+        "tags": [tag],
+        "metadata": instance_metadata(route),
+        "deletion_protection": False,
+        "allow_stopping_for_update": True,
+        "enable_display": route.os == "windows",
+        "description": description,
+    }
+
+
+def _machine_image_vm(
+    name: str,
+    route: GcloudRoute,
+    shape: ResolvedShape,
+    ttl_seconds: int,
+    public: bool,
+    settings: dict[str, Any],
+    parent: pulumi.Resource,
+) -> gcp.compute.InstanceFromMachineImage:
+    """The VM from a machine image (its disks come from the image: no boot disk arguments)."""
+    return gcp.compute.InstanceFromMachineImage(
+        f"{name}-vm",
+        source_machine_image=route.image,
+        network_interfaces=[
+            gcp.compute.InstanceFromMachineImageNetworkInterfaceArgs(
+                network=route.network,
+                subnetwork=route.subnetwork,
+                access_configs=[gcp.compute.InstanceFromMachineImageNetworkInterfaceAccessConfigArgs()]
+                if public
+                else [],
+            )
+        ],
+        scheduling=gcp.compute.InstanceFromMachineImageSchedulingArgs(
+            provisioning_model="STANDARD",
+            on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
+            max_run_duration=gcp.compute.InstanceFromMachineImageSchedulingMaxRunDurationArgs(seconds=ttl_seconds),
+            instance_termination_action="DELETE",
+        ),
+        guest_accelerators=[gcp.compute.InstanceFromMachineImageGuestAcceleratorArgs(type=shape.accelerator, count=1)]
+        if shape.accelerator
+        else None,
+        opts=pulumi.ResourceOptions(parent=parent, ignore_changes=[_EXPIRY_LABEL]),
+        **settings,
+    )
+
+
+def _image_vm(
+    name: str,
+    route: GcloudRoute,
+    shape: ResolvedShape,
+    ttl_seconds: int,
+    public: bool,
+    labels: dict[str, str],
+    settings: dict[str, Any],
+    parent: pulumi.Resource,
+) -> gcp.compute.Instance:
+    """The VM from an image, with a boot disk of the shape's size and type, labelled like the VM."""
+    return gcp.compute.Instance(
+        f"{name}-vm",
+        boot_disk=gcp.compute.InstanceBootDiskArgs(
+            auto_delete=True,
+            initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                image=route.image,
+                size=shape.disk_gb,
+                type=boot_disk_type(shape.machine_type),
+                labels=labels,
+            ),
+        ),
+        network_interfaces=[
+            gcp.compute.InstanceNetworkInterfaceArgs(
+                network=route.network,
+                subnetwork=route.subnetwork,
+                access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if public else [],
+            )
+        ],
+        scheduling=gcp.compute.InstanceSchedulingArgs(
+            provisioning_model="STANDARD",
+            on_host_maintenance="TERMINATE" if shape.gpu else "MIGRATE",
+            max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=ttl_seconds),
+            instance_termination_action="DELETE",
+        ),
+        guest_accelerators=[gcp.compute.InstanceGuestAcceleratorArgs(type=shape.accelerator, count=1)]
+        if shape.accelerator
+        else None,
+        opts=pulumi.ResourceOptions(
+            parent=parent, ignore_changes=[_EXPIRY_LABEL, f"bootDisk.initializeParams.{_EXPIRY_LABEL}"]
+        ),
+        **settings,
+    )
 
 
 def declare_unit(
