@@ -187,116 +187,9 @@ class Toolbox:
 
     @staticmethod
     def specs(gui: bool = True) -> list[ToolSpec]:
-        specs = [
-            ToolSpec(
-                "exec",
-                "Run a shell command in the sandbox (/bin/sh -c; no state survives between calls) and wait for it. "
-                "Returns the exit code, stdout and stderr. Long output is paged: the marker at the end of a page "
-                "says how to get the next one (exec with output_id and page, which does not run anything again).",
-                {
-                    "type": "object",
-                    "properties": {
-                        "command": {"type": "string", "description": "The command line."},
-                        "timeout": {"type": "number", "description": "Seconds before the command is killed."},
-                        "output_id": {"type": "string", "description": "Page an earlier output instead of running."},
-                        "page": {"type": "integer", "minimum": 1, "description": "Which page (1-based)."},
-                    },
-                },
-            ),
-            ToolSpec(
-                "read",
-                "Read a text file in the sandbox with line numbers: lines offset.. offset+limit-1. Binary files "
-                "are detected and not dumped.",
-                {
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string", "description": "Absolute path."},
-                        "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
-                        "limit": {"type": "integer", "minimum": 1, "description": "How many lines."},
-                    },
-                    "required": ["path"],
-                },
-            ),
-            ToolSpec(
-                "write",
-                "Write a text file in the sandbox (replaces it; the folder is created if missing).",
-                {
-                    "type": "object",
-                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                    "required": ["path", "content"],
-                },
-            ),
-            ToolSpec(
-                "edit",
-                "Replace an exact string in a text file. old_string must occur exactly once (or set replace_all).",
-                {
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string"},
-                        "old_string": {"type": "string"},
-                        "new_string": {"type": "string"},
-                        "replace_all": {"type": "boolean"},
-                    },
-                    "required": ["path", "old_string", "new_string"],
-                },
-            ),
-            ToolSpec(
-                "clipboard",
-                "Read or set the sandbox's clipboard.",
-                {
-                    "type": "object",
-                    "properties": {"action": {"type": "string", "enum": ["read", "write"]}, "text": {"type": "string"}},
-                    "required": ["action"],
-                },
-            ),
-            ToolSpec(
-                "terminal",
-                "A long-running terminal (PTY) in the sandbox, for interactive programs. start (command) -> a "
-                "session id; send (session, input; include \\n to submit, \\u0003 is ctrl-c) returns the output "
-                "that follows; read (session) returns new output; kill (session).",
-                {
-                    "type": "object",
-                    "properties": {
-                        "action": {"type": "string", "enum": ["start", "send", "read", "kill"]},
-                        "session": {"type": "integer"},
-                        "command": {"type": "string"},
-                        "input": {"type": "string"},
-                        "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000},
-                    },
-                    "required": ["action"],
-                },
-            ),
-        ]
-        if gui:
-            specs.append(
-                ToolSpec(
-                    "computer",
-                    "The desktop. Coordinates are [x, y] in [0, 1000] on both axes. action: screenshot; click "
-                    "(coordinate, button, clicks); move (coordinate); type (text, into the focused window); key "
-                    '(keys, e.g. ["ctrl", "s"]); scroll (direction, amount, coordinate); drag (start_coordinate, '
-                    "coordinate); wait (duration).",
-                    {
-                        "type": "object",
-                        "properties": {
-                            "action": {
-                                "type": "string",
-                                "enum": ["screenshot", "click", "move", "type", "key", "scroll", "drag", "wait"],
-                            },
-                            "coordinate": COORDINATE,
-                            "start_coordinate": COORDINATE,
-                            "button": {"type": "string", "enum": ["left", "right", "middle"]},
-                            "clicks": {"type": "integer", "enum": [1, 2, 3]},
-                            "text": {"type": "string"},
-                            "keys": {"type": "array", "items": {"type": "string"}},
-                            "direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
-                            "amount": {"type": "integer", "minimum": 1},
-                            "duration": {"type": "number", "minimum": 0, "maximum": 60},
-                        },
-                        "required": ["action"],
-                    },
-                )
-            )
-        return specs
+        """The tools the model gets, in this order; ``computer`` only with a desktop (``gui``)."""
+        specs = [_exec_spec(), _read_spec(), _write_spec(), _edit_spec(), _clipboard_spec(), _terminal_spec()]
+        return [*specs, _computer_spec()] if gui else specs
 
     @staticmethod
     def error(text: str) -> ToolOutcome:
@@ -508,6 +401,134 @@ class Toolbox:
         result = await self.call("vm", "pty_read", {"pid": pid, "timeout_ms": timeout_ms}, timeout_ms / 1000 + 30)
         text = truncate_middle(result.text, self.page_chars, "the terminal printed more than a page")
         return ToolOutcome(text, is_error=result.is_error)
+
+
+# -- the tools' specs (name, description, JSON schema of the arguments) ---------------------------------
+
+
+def _exec_spec() -> ToolSpec:
+    return ToolSpec(
+        "exec",
+        "Run a shell command in the sandbox (/bin/sh -c; no state survives between calls) and wait for it. "
+        "Returns the exit code, stdout and stderr. Long output is paged: the marker at the end of a page "
+        "says how to get the next one (exec with output_id and page, which does not run anything again).",
+        {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The command line."},
+                "timeout": {"type": "number", "description": "Seconds before the command is killed."},
+                "output_id": {"type": "string", "description": "Page an earlier output instead of running."},
+                "page": {"type": "integer", "minimum": 1, "description": "Which page (1-based)."},
+            },
+        },
+    )
+
+
+def _read_spec() -> ToolSpec:
+    return ToolSpec(
+        "read",
+        "Read a text file in the sandbox with line numbers: lines offset.. offset+limit-1. Binary files "
+        "are detected and not dumped.",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Absolute path."},
+                "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
+                "limit": {"type": "integer", "minimum": 1, "description": "How many lines."},
+            },
+            "required": ["path"],
+        },
+    )
+
+
+def _write_spec() -> ToolSpec:
+    return ToolSpec(
+        "write",
+        "Write a text file in the sandbox (replaces it; the folder is created if missing).",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    )
+
+
+def _edit_spec() -> ToolSpec:
+    return ToolSpec(
+        "edit",
+        "Replace an exact string in a text file. old_string must occur exactly once (or set replace_all).",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+                "replace_all": {"type": "boolean"},
+            },
+            "required": ["path", "old_string", "new_string"],
+        },
+    )
+
+
+def _clipboard_spec() -> ToolSpec:
+    return ToolSpec(
+        "clipboard",
+        "Read or set the sandbox's clipboard.",
+        {
+            "type": "object",
+            "properties": {"action": {"type": "string", "enum": ["read", "write"]}, "text": {"type": "string"}},
+            "required": ["action"],
+        },
+    )
+
+
+def _terminal_spec() -> ToolSpec:
+    return ToolSpec(
+        "terminal",
+        "A long-running terminal (PTY) in the sandbox, for interactive programs. start (command) -> a "
+        "session id; send (session, input; include \\n to submit, \\u0003 is ctrl-c) returns the output "
+        "that follows; read (session) returns new output; kill (session).",
+        {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["start", "send", "read", "kill"]},
+                "session": {"type": "integer"},
+                "command": {"type": "string"},
+                "input": {"type": "string"},
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": 600000},
+            },
+            "required": ["action"],
+        },
+    )
+
+
+def _computer_spec() -> ToolSpec:
+    return ToolSpec(
+        "computer",
+        "The desktop. Coordinates are [x, y] in [0, 1000] on both axes. action: screenshot; click "
+        "(coordinate, button, clicks); move (coordinate); type (text, into the focused window); key "
+        '(keys, e.g. ["ctrl", "s"]); scroll (direction, amount, coordinate); drag (start_coordinate, '
+        "coordinate); wait (duration).",
+        {
+            "type": "object",
+            "properties": {
+                "action": {
+                    "type": "string",
+                    "enum": ["screenshot", "click", "move", "type", "key", "scroll", "drag", "wait"],
+                },
+                "coordinate": COORDINATE,
+                "start_coordinate": COORDINATE,
+                "button": {"type": "string", "enum": ["left", "right", "middle"]},
+                "clicks": {"type": "integer", "enum": [1, 2, 3]},
+                "text": {"type": "string"},
+                "keys": {"type": "array", "items": {"type": "string"}},
+                "direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
+                "amount": {"type": "integer", "minimum": 1},
+                "duration": {"type": "number", "minimum": 0, "maximum": 60},
+            },
+            "required": ["action"],
+        },
+    )
 
 
 def _b64(result: RawResult) -> bytes:
