@@ -369,6 +369,60 @@ def _info(request: Any) -> language_pb2.ProgramInfo | None:
     return info
 
 
+def _plugin_command(
+    request: language_pb2.RunPluginRequest, info: language_pb2.ProgramInfo | None, context: grpc.ServicerContext
+) -> tuple[list[str], dict[str, str]]:
+    """The plugin's command line (its Python, unbuffered, on its main module) and environment (ours, plus
+    the request's, in the Python environment's shape)."""
+    try:
+        py = resolve_python(info, plugin=True)
+        argv = [py.python, "-u", plugin_target(info), *request.args]
+    except ToolchainError as exc:
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    base = dict(os.environ)
+    for entry in request.env:
+        key, _, value = entry.partition("=")
+        base[key] = value
+    return argv, py.environ(base)
+
+
+def _plugin_output(proc: subprocess.Popen[bytes]) -> Iterator[language_pb2.RunPluginResponse]:
+    """What the plugin writes to stdout and stderr, as it comes, until both are closed (one thread reads each:
+    a plugin that fills one pipe while we wait on the other would hang)."""
+    chunks: list[tuple[str, bytes]] = []
+    ready = threading.Condition()
+    open_streams = 2
+
+    def pump(name: str, stream: IO[bytes]) -> None:
+        nonlocal open_streams
+        while chunk := os.read(stream.fileno(), 65536):
+            with ready:
+                chunks.append((name, chunk))
+                ready.notify()
+        with ready:
+            open_streams -= 1
+            ready.notify()
+
+    if proc.stdout is None or proc.stderr is None:  # pragma: no cover - both are pipes
+        raise RuntimeError("plugin started without pipes")
+    for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+        threading.Thread(target=pump, args=(name, stream), daemon=True).start()
+    while True:
+        with ready:
+            while not chunks and open_streams:
+                ready.wait()
+            pending, chunks[:] = list(chunks), []
+            finished = open_streams == 0
+        for name, chunk in pending:
+            yield (
+                language_pb2.RunPluginResponse(stdout=chunk)
+                if name == "stdout"
+                else language_pb2.RunPluginResponse(stderr=chunk)
+            )
+        if finished:
+            return
+
+
 class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
     """The pulumirpc.LanguageRuntime service for Python programs: the RPCs of :data:`SERVED_RPCS`.
 
@@ -522,19 +576,11 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         log(f"RunPlugin kind={request.kind} dir={info.program_directory if info else ''} args={list(request.args)}")
         if request.attach_debugger:
             _abort(context, grpc.StatusCode.UNIMPLEMENTED, "attaching a debugger is not supported by this host")
-        try:
-            py = resolve_python(info, plugin=True)
-            argv = [py.python, "-u", plugin_target(info), *request.args]
-        except ToolchainError as exc:
-            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        base = dict(os.environ)
-        for entry in request.env:
-            key, _, value = entry.partition("=")
-            base[key] = value
+        argv, env = _plugin_command(request, info, context)
         try:
             proc = self._start(
                 argv,
-                env=py.environ(base),
+                env=env,
                 cwd=request.pwd or None,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -544,39 +590,8 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
             _abort(context, grpc.StatusCode.INTERNAL, f"problem executing plugin program: {exc}")
         # The CLI cancels the stream to stop the plugin (the Go host kills it, too).
         context.add_callback(self._stop_on_cancel(proc, kill=True))
-        chunks: list[tuple[str, bytes]] = []
-        ready = threading.Condition()
-        open_streams = 2
-
-        def pump(name: str, stream: IO[bytes]) -> None:
-            nonlocal open_streams
-            while chunk := os.read(stream.fileno(), 65536):
-                with ready:
-                    chunks.append((name, chunk))
-                    ready.notify()
-            with ready:
-                open_streams -= 1
-                ready.notify()
-
-        if proc.stdout is None or proc.stderr is None:  # pragma: no cover - both are pipes
-            raise RuntimeError("plugin started without pipes")
-        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            threading.Thread(target=pump, args=(name, stream), daemon=True).start()
         try:
-            while True:
-                with ready:
-                    while not chunks and open_streams:
-                        ready.wait()
-                    pending, chunks[:] = list(chunks), []
-                    finished = open_streams == 0
-                for name, chunk in pending:
-                    yield (
-                        language_pb2.RunPluginResponse(stdout=chunk)
-                        if name == "stdout"
-                        else language_pb2.RunPluginResponse(stderr=chunk)
-                    )
-                if finished:
-                    break
+            yield from _plugin_output(proc)
             code = proc.wait()
         finally:
             if proc.poll() is None:

@@ -151,45 +151,52 @@ def row(label: str, values: list[float]) -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="sequential starts, and rounds of parallel starts")
-    parser.add_argument("--parallel", type=int, default=4, help="sandboxes started at once per round")
-    parser.add_argument("--cold-build", action="store_true", help="also time a build into an empty cache")
-    parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before measuring RSS")
-    parser.add_argument("--as-user", action="store_true", help="(root) then the same, rootless, as a throwaway user")
-    args = parser.parse_args()
-    root = os.geteuid() == 0
+@dataclass
+class Starts:
+    """What the sandbox runs measured (build timings aside)."""
 
-    lines: list[str] = []
-    cold_s: float | None = None
-    if args.cold_build:
-        cache = Path(tempfile.mkdtemp(prefix="ale-bench-cache-"))
-        previous = os.environ.get("ALE_IAC_CACHE")
-        os.environ["ALE_IAC_CACHE"] = str(cache)
-        try:
-            t0 = time.monotonic()
-            cold = build_image("desktop", log=lambda line: print(f"  cold build: {line}", file=sys.stderr))
-            cold_s = time.monotonic() - t0
-            lines.append(f"cold build steps: {cold.steps}; size {cold.size_bytes / 2**20:.0f} MiB")
-        finally:
-            if previous is None:
-                os.environ.pop("ALE_IAC_CACHE", None)
-            else:
-                os.environ["ALE_IAC_CACHE"] = previous
-            shutil.rmtree(cache, ignore_errors=True)
+    sequential: list[StartSample]
+    parallel: list[StartSample]
+    walls: list[float]
+    rss_total: int
+    rss_parts: dict[str, int]
+    leftovers: int
+    load_before: float
 
+
+def cold_build() -> tuple[float, str]:
+    """A build into an empty temporary cache (deleted afterwards): its time and a line about it."""
+    cache = Path(tempfile.mkdtemp(prefix="ale-bench-cache-"))
+    previous = os.environ.get("ALE_IAC_CACHE")
+    os.environ["ALE_IAC_CACHE"] = str(cache)
+    try:
+        t0 = time.monotonic()
+        cold = build_image("desktop", log=lambda line: print(f"  cold build: {line}", file=sys.stderr))
+        return time.monotonic() - t0, f"cold build steps: {cold.steps}; size {cold.size_bytes / 2**20:.0f} MiB"
+    finally:
+        if previous is None:
+            os.environ.pop("ALE_IAC_CACHE", None)
+        else:
+            os.environ["ALE_IAC_CACHE"] = previous
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def the_image(root: bool) -> tuple[ImageInfo, list[float]]:
+    """The desktop image and, as root (who builds it), three timings of a build that is already cached."""
+    if not root:
+        return require_image("desktop"), []
+    image = build_image("desktop", log=lambda line: print(f"  build: {line}", file=sys.stderr))
     cached = []
-    if root:
-        image = build_image("desktop", log=lambda line: print(f"  build: {line}", file=sys.stderr))
-        for _ in range(3):
-            t0 = time.monotonic()
-            build_image("desktop", log=lambda _line: None)
-            cached.append(time.monotonic() - t0)
-    else:
-        image = require_image("desktop")
+    for _ in range(3):
+        t0 = time.monotonic()
+        build_image("desktop", log=lambda _line: None)
+        cached.append(time.monotonic() - t0)
+    return image, cached
 
-    load_before = os.getloadavg()
+
+def measure_starts(image: ImageInfo, args: argparse.Namespace) -> Starts:
+    """Starts one at a time, rounds of parallel starts, an idle sandbox's memory; stops every sandbox."""
+    load_before = os.getloadavg()[0]
     home = Path(tempfile.mkdtemp(prefix="ale-bench-home-"))
     try:
         one_start(image, home)  # warm the page cache; not counted
@@ -206,34 +213,57 @@ def main() -> int:
         for state in local_runtime.list_sandboxes(home=home):
             local_runtime.stop(state.sandbox_id, home=home)
         shutil.rmtree(home, ignore_errors=True)
+    return Starts(sequential, parallel, walls, rss_total, rss_parts, len(leftovers), load_before)
 
+
+def print_report(
+    image: ImageInfo, args: argparse.Namespace, cold_s: float | None, cached: list[float], starts: Starts
+) -> None:
     print()
     print(
         f"mode {local_runtime.host_mode()} (uid {os.geteuid()}); "
         f"image {image.ref}: {image.size_bytes / 2**20:.0f} MiB, computer-server {image.computer_server_version}; "
         f"host {os.cpu_count()} CPUs"
     )
-    print(f"host load average (1 min) before/after the sandbox runs: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}")
+    print(
+        f"host load average (1 min) before/after the sandbox runs: {starts.load_before:.1f} / {os.getloadavg()[0]:.1f}"
+    )
     print("| measurement (seconds)                        |     p50 |     p95 |     min |     max |   n |")
     print("|----------------------------------------------|---------|---------|---------|---------|-----|")
     if cold_s is not None:
         print(row("image build, cold (empty cache)", [cold_s]))
     if cached:
         print(row("image build, cached", cached))
+    sequential, parallel = starts.sequential, starts.parallel
     print(row("1 sandbox: start() returns", [s.start_returned_s for s in sequential]))
     print(row("1 sandbox: start() -> first 200 /status", [s.ready_s for s in sequential]))
     print(row("1 sandbox: stop()", [s.stop_s for s in sequential]))
     print(row(f"{args.parallel} at once: start() returns", [s.start_returned_s for s in parallel]))
     print(row(f"{args.parallel} at once: start() -> first 200 /status", [s.ready_s for s in parallel]))
-    print(row(f"{args.parallel} at once: all {args.parallel} ready (wall)", walls))
+    print(row(f"{args.parallel} at once: all {args.parallel} ready (wall)", starts.walls))
     print()
-    print(f"idle sandbox RSS (after {args.settle:.0f} s idle): {rss_total / 2**20:.1f} MiB total")
-    for name, rss in sorted(rss_parts.items(), key=lambda item: -item[1]):
+    print(f"idle sandbox RSS (after {args.settle:.0f} s idle): {starts.rss_total / 2**20:.1f} MiB total")
+    for name, rss in sorted(starts.rss_parts.items(), key=lambda item: -item[1]):
         print(f"  {rss / 2**20:7.1f} MiB  {name}")
-    for line in lines:
-        print(line)
-    if leftovers:
-        print(f"WARNING: {len(leftovers)} sandboxes were left and have been stopped")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="sequential starts, and rounds of parallel starts")
+    parser.add_argument("--parallel", type=int, default=4, help="sandboxes started at once per round")
+    parser.add_argument("--cold-build", action="store_true", help="also time a build into an empty cache")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before measuring RSS")
+    parser.add_argument("--as-user", action="store_true", help="(root) then the same, rootless, as a throwaway user")
+    args = parser.parse_args()
+    root = os.geteuid() == 0
+    cold_s, cold_line = cold_build() if args.cold_build else (None, None)
+    image, cached = the_image(root)
+    starts = measure_starts(image, args)
+    print_report(image, args, cold_s, cached, starts)
+    if cold_line:
+        print(cold_line)
+    if starts.leftovers:
+        print(f"WARNING: {starts.leftovers} sandboxes were left and have been stopped")
     if args.as_user and root:
         return run_as_user(args)
     return 0

@@ -367,44 +367,58 @@ class _Mirror:
         self.sizes: dict[str, int] = {}
 
     async def sync(self, client: ComputerServerClient, remote: str) -> None:
-        listing = await client.run_command(
-            f"cd {shell_quote(remote)} 2>/dev/null && find . -path ./{entry.PRESET_DIR} -prune -o -type f "
-            r"-printf '%s\t%P\0' | base64 -w0"
-        )
-        if listing.exit_code != 0 or not listing.stdout.strip():
-            return
-        for item in base64.b64decode(listing.stdout.strip()).decode(errors="replace").split("\0"):
-            size_text, _, rel = item.partition("\t")
-            if not rel or not size_text.isdigit() or rel in entry.PRIVATE_FILES - {entry.RESULT_FILE}:
-                continue
-            parts = PurePosixPath(rel).parts
-            if rel.startswith("/") or ".." in parts:
-                continue  # the listing comes from the sandbox: never write outside the work dir
-            dest = self.local.joinpath(*parts)
-            if not dest.parent.resolve().is_relative_to(self.local):
-                continue
-            size, had = int(size_text), self.sizes.get(rel)
-            if had == size:
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if dest.is_symlink():
-                dest.unlink()
-            appending = had is not None and size > had and dest.exists()
-            try:
-                if appending:
-                    data = await client.read_bytes(f"{remote}/{rel}", offset=had or 0, length=size - (had or 0))
-                else:
-                    data = await client.read_bytes(f"{remote}/{rel}", length=size)
-            except ComputerServerError:
-                if await client.file_exists(f"{remote}/{rel}"):
-                    raise
-                # Gone since the listing (an agent's temp file, a SQLite -shm/-wal): the next sync
-                # copies it whole if it comes back.
-                self.sizes.pop(rel, None)
-                continue
+        for rel, size in await _remote_files(client, remote):
+            dest = self._destination(rel)
+            if dest is not None and self.sizes.get(rel) != size:
+                await self._copy(client, f"{remote}/{rel}", rel, size, dest)
+
+    def _destination(self, rel: str) -> Path | None:
+        """Where a remote file goes in the host's work dir; None for a path that would leave it (the listing
+        comes from the sandbox: never write outside the work dir)."""
+        parts = PurePosixPath(rel).parts
+        if rel.startswith("/") or ".." in parts:
+            return None
+        dest = self.local.joinpath(*parts)
+        return dest if dest.parent.resolve().is_relative_to(self.local) else None
+
+    async def _copy(self, client: ComputerServerClient, source: str, rel: str, size: int, dest: Path) -> None:
+        """The file's new bytes appended when it grew, else the whole file."""
+        had = self.sizes.get(rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink():
+            dest.unlink()
+        appending = had is not None and size > had and dest.exists()
+        try:
             if appending:
-                with dest.open("ab") as out:
-                    out.write(data)
+                data = await client.read_bytes(source, offset=had or 0, length=size - (had or 0))
             else:
-                dest.write_bytes(data)
-            self.sizes[rel] = size
+                data = await client.read_bytes(source, length=size)
+        except ComputerServerError:
+            if await client.file_exists(source):
+                raise
+            # Gone since the listing (an agent's temp file, a SQLite -shm/-wal): the next sync
+            # copies it whole if it comes back.
+            self.sizes.pop(rel, None)
+            return
+        if appending:
+            with dest.open("ab") as out:
+                out.write(data)
+        else:
+            dest.write_bytes(data)
+        self.sizes[rel] = size
+
+
+async def _remote_files(client: ComputerServerClient, remote: str) -> list[tuple[str, int]]:
+    """(relative path, size) of each file of the remote work dir, but the entry's private files and the preset."""
+    listing = await client.run_command(
+        f"cd {shell_quote(remote)} 2>/dev/null && find . -path ./{entry.PRESET_DIR} -prune -o -type f "
+        r"-printf '%s\t%P\0' | base64 -w0"
+    )
+    if listing.exit_code != 0 or not listing.stdout.strip():
+        return []
+    files: list[tuple[str, int]] = []
+    for item in base64.b64decode(listing.stdout.strip()).decode(errors="replace").split("\0"):
+        size_text, _, rel = item.partition("\t")
+        if rel and size_text.isdigit() and rel not in entry.PRIVATE_FILES - {entry.RESULT_FILE}:
+            files.append((rel, int(size_text)))
+    return files
