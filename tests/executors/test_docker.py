@@ -162,7 +162,7 @@ def files_under(root: Path) -> Iterator[Path]:
             yield path
 
 
-def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(
+def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(  # noqa: PLR0915 (one run, its facts in order)
     docker_image: str, tmp_path: Path, host_listener: int
 ) -> None:
     api_key = "sk-docker-" + secrets.token_hex(16)
