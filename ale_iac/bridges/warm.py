@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ale_iac import procs
 from ale_iac.procs import stop_by_closing_stdin
 
 WARM_ENV = "ALE_IAC_WARM_BRIDGES"
@@ -62,7 +63,9 @@ class WarmBridges:
     """The run's warm bridge process: :meth:`start` it, put :attr:`env` in the agents' environment, :meth:`close`."""
 
     def __init__(self) -> None:
-        self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # 0700
+        # 0700, named with the owner's pid: gc must not take the folder of a run that is still starting its
+        # warm process (no socket yet) for one that a SIGKILL left behind.
+        self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.socket_path = self._folder / SOCKET_NAME
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -171,18 +174,24 @@ def _remove_folder(socket_path: Path) -> None:
 
 
 def sweep_stale(root: Path | None = None, *, dry_run: bool = False) -> list[Path]:
-    """Remove warm-bridge folders whose process is gone (it was killed with its run: nothing answers on
-    the socket any more); returns them. ``ale-iac gc`` calls it."""
+    """Remove warm-bridge folders left by a run that was killed with its warm process: the run that made the
+    folder (its pid is in the name) is gone and nothing answers on the socket; returns them. A live run's
+    folder is never taken, also while its warm process is still starting (no socket yet): that run removes it
+    itself. ``ale-iac gc`` calls it."""
     removed: list[Path] = []
-    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")):
-        path = folder / SOCKET_NAME
-        if not folder.is_dir() or folder.stat().st_uid != os.getuid() or _answers(path):
-            continue
-        if not dry_run:
-            _remove_folder(path)
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # one that never got its socket
-        removed.append(folder)
+    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*")):
+        owner = folder.name[len(FOLDER_PREFIX) :].split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            if not owner.isdigit() or procs.alive(int(owner)):
+                continue
+            if not folder.is_dir() or folder.is_symlink() or folder.lstat().st_uid != os.getuid():
+                continue
+            path = folder / SOCKET_NAME
+            if _answers(path):
+                continue
+            if not dry_run:
+                _remove_folder(path)  # the socket, then the folder (also one that never got its socket)
+            removed.append(folder)
     return removed
 
 

@@ -128,20 +128,51 @@ def test_a_warm_process_whose_run_died_removes_its_folder() -> None:
     bridges.close()
 
 
-def test_gc_sweeps_the_folder_of_a_killed_warm_process_and_spares_a_live_one(tmp_path: Path) -> None:
+_KILLED_RUN = """
+import sys
+from ale_iac.bridges.warm import WarmBridges
+bridges = WarmBridges()
+bridges.start()
+print(bridges.socket_path.parent, bridges.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_gc_sweeps_the_folder_of_a_run_killed_with_its_warm_process_and_spares_a_live_one() -> None:
     with WarmBridges() as live:
-        killed = WarmBridges()
-        killed.start()
-        assert killed.pid is not None
-        os.kill(killed.pid, signal.SIGKILL)  # killed with its run's process group: no cleanup ran
+        # A run and its warm process, SIGKILLed together (the run's process group): no cleanup ran.
+        run = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_RUN],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert run.stdout is not None
+        folder_text, warm_pid = run.stdout.readline().split()
+        folder = Path(folder_text)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
         _wait_for(
-            lambda: not psutil.pid_exists(killed.pid or 0) or psutil.Process(killed.pid or 0).status() == "zombie",
+            lambda: not psutil.pid_exists(int(warm_pid)) or psutil.Process(int(warm_pid)).status() == "zombie",
             "the kill",
         )
         root = live.socket_path.parent.parent
-        assert killed.socket_path.parent in sweep_stale(root, dry_run=True)
-        assert killed.socket_path.parent.exists()
-        assert killed.socket_path.parent in sweep_stale(root)
-        assert not killed.socket_path.parent.exists()
+        assert folder in sweep_stale(root, dry_run=True)
+        assert folder.exists()
+        assert folder in sweep_stale(root)
+        assert not folder.exists()
         assert live.socket_path.exists() and live.socket_path.parent not in sweep_stale(root)
-        killed.close()
+
+
+def test_gc_spares_the_folder_of_a_live_run_whose_warm_process_is_still_starting() -> None:
+    """Between the folder's creation and the socket's bind the warm process imports for a second or more:
+    a gc on the host at that moment must not take the folder (the bind would then fail)."""
+    starting = WarmBridges()  # folder made, nothing started yet: no socket
+    try:
+        root = starting.socket_path.parent.parent
+        assert starting.socket_path.parent not in sweep_stale(root)
+        starting.start()
+        assert starting.socket_path.exists()
+    finally:
+        starting.close()
