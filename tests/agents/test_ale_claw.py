@@ -580,7 +580,6 @@ def test_a_killed_bridge_is_restarted_and_only_safe_calls_are_retried(
 
 @pytest.mark.sandbox
 @pytest.mark.engine
-@pytest.mark.xdist_group("evaluate")
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("executor", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_evaluate_runs_it_on_the_three_demo_tasks(

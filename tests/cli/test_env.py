@@ -94,7 +94,6 @@ def _leave_nothing() -> None:
 
 @pytest.mark.sandbox
 @pytest.mark.engine
-@pytest.mark.xdist_group("evaluate")
 @pytest.mark.timeout(600)
 def test_readme_pool_block_runs_as_written_and_leaves_nothing(tmp_path: Path) -> None:
     project = _fresh_checkout(tmp_path)

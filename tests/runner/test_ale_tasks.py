@@ -307,7 +307,6 @@ def test_staging_against_a_real_sandbox_issues_no_shell_command(
 
 @pytest.mark.sandbox
 @pytest.mark.engine
-@pytest.mark.xdist_group("evaluate")
 @pytest.mark.timeout(480)
 def test_ale_tasks_run_unchanged_under_evaluate(lab: Path) -> None:
     exp = lab / "exp.yaml"

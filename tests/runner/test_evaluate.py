@@ -25,12 +25,13 @@ from ale_iac.runner.runner import RunSummary, print_summary, run_experiment
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.tasks import make_preset, make_task
 
-# One xdist group: these tests count stacks, sandboxes and agent processes host-wide. Whole runs, up to 68 s
+# One xdist group (the module's tests on one worker; what they count is this test's home's, and the hanging
+# agent's `sleep 3599` is this module's alone, so the other worker may run anything). Whole runs, up to 68 s
 # each on a loaded 2-core host; the timeout lets their own deadlines (agents up in 240 s, then 180 s) fire first.
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.engine,
-    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.xdist_group("evaluate-runs"),
     pytest.mark.timeout(480),
 ]
 

@@ -18,7 +18,7 @@ from tests.support.rootless import HostUser
 pytestmark = [
     pytest.mark.rootless,
     pytest.mark.engine,
-    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.xdist_group("evaluate-rootless"),
     pytest.mark.timeout(480),
 ]
 

@@ -36,12 +36,13 @@ from ale_iac.runner.gc import collect
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.cli import ale_iac
 
-# One xdist group with the other tests that count sandboxes and kill runs (tests/runner/test_evaluate.py).
+# One xdist group: the module's tests on one worker. What they count (stacks, sandboxes, processes) is their
+# own home's, and gc's host-wide sweeps take only what a dead process left, so the other worker may run anything.
 pytestmark = [
     pytest.mark.needs_root,
     pytest.mark.sandbox,
     pytest.mark.engine,
-    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.xdist_group("gc-crashes"),
     pytest.mark.timeout(420),
 ]
 

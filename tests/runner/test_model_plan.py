@@ -129,7 +129,6 @@ def test_a_run_that_follows_a_plan_needs_no_api_key(tmp_path: Path, monkeypatch:
 
 @pytest.mark.sandbox
 @pytest.mark.engine
-@pytest.mark.xdist_group("evaluate")
 @pytest.mark.timeout(480)
 def test_a_plan_error_ends_the_unit_as_an_agent_failure_with_its_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -19,7 +19,7 @@ from tests.support.tasks import make_preset, make_task
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.engine,
-    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.xdist_group("pool-plain-pulumi"),
     pytest.mark.timeout(480),
 ]
 

@@ -232,7 +232,6 @@ def test_a_real_pseudo_terminal_gets_the_live_display_and_a_file_gets_lines(tmp_
 
 @pytest.mark.sandbox
 @pytest.mark.engine
-@pytest.mark.xdist_group("evaluate")
 def test_evaluate_shows_the_live_display_on_a_terminal_and_lines_in_a_file(tmp_path: Path) -> None:
     exp = _experiment(tmp_path, 1)
     [unit] = [p.unit_id for p in load_experiment(exp).units]

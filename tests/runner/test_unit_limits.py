@@ -15,12 +15,12 @@ from ale_iac.runner.runner import run_experiment
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.tasks import make_task
 
-# One xdist group with the other evaluate tests: they count stacks and sandboxes host-wide.
+# One xdist group: the module's tests on one worker (what they count is their own home's).
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.engine,
     pytest.mark.needs_root,
-    pytest.mark.xdist_group("evaluate"),
+    pytest.mark.xdist_group("unit-limits"),
     pytest.mark.timeout(480),
 ]
 

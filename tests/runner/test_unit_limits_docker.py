@@ -14,7 +14,7 @@ from ale_iac.runner.runner import run_experiment
 from ale_iac.substrates.docker import runtime
 from tests.support.tasks import make_task
 
-pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.xdist_group("evaluate"), pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.xdist_group("unit-limits"), pytest.mark.timeout(480)]
 
 
 def test_a_card_asking_more_cpus_than_the_host_has_runs_fitted_and_says_so(tmp_path: Path, docker_image: str) -> None:
