@@ -72,8 +72,14 @@ class StackOperationError(AleIacError):
         super().__init__(f"pulumi {operation} of stack '{stack}' failed: {message}")
 
 
-GENERIC_DIAGNOSTICS: Final = frozenset(f"error: {op} failed" for op in ("update", "preview", "destroy", "refresh"))
-"""The engine's summary diagnostics, which say only that the operation failed; left out when another says why."""
+GENERIC_DIAGNOSTICS: Final = frozenset(
+    [f"error: {op} failed" for op in ("update", "preview", "destroy", "refresh")]
+    # The program's side of an update the engine ended (after a provider's failure, say): it races the
+    # provider's own diagnostic, so it comes first in some runs and not at all in others.
+    + ["error: Resource monitor has terminated, shutting down"]
+)
+"""The engine's summary diagnostics, which say only that the operation failed or ended; left out when another
+says why."""
 _TRACEBACK: Final = "Traceback (most recent call last):"
 _QUALIFIED_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?:Error|Exception|Exit)\b)")
 

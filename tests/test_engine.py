@@ -201,6 +201,30 @@ def test_engine_message_of_a_provider_traceback_is_its_exception() -> None:
     assert engine_message(FakeError()) == f"DockerSubstrateError: {DOCKER_400}"
 
 
+def test_engine_message_leaves_out_the_program_ending_with_the_update() -> None:
+    """When a provider fails, the program's side may also say that the engine ended it, before the
+    provider's diagnostic or not at all (a race): that line says nothing of why and is left out."""
+
+    class FakeError(Exception):
+        stderr = ""
+        stdout = "\n".join(
+            [
+                "Diagnostics:",
+                "  pulumi:pulumi:Stack (ale-iac-run-1):",
+                "    error: Resource monitor has terminated, shutting down",
+                "    error: update failed",
+                "",
+                "  pulumi-python:dynamic:Resource (u-1):",
+                "    error: Traceback (most recent call last):",
+                '      File "/x/pulumi/dynamic/__main__.py", line 170, in Create',
+                f"    ale_iac.errors.AleIacError: {DOCKER_400}",
+                "",
+            ]
+        )
+
+    assert engine_message(FakeError()) == f"AleIacError: {DOCKER_400}"
+
+
 @pytest.mark.engine
 def test_a_provider_that_raises_fails_the_up_with_its_exception(tmp_path: Path) -> None:
     engine = Engine()

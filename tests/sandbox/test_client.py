@@ -11,6 +11,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable
 
+import anyio
 import httpx
 import pytest
 
@@ -160,6 +161,14 @@ async def read_until(client: ComputerServerClient, pid: int, needle: bytes, time
     return out
 
 
+async def wait_for_process(client: ComputerServerClient, pattern: str, timeout: float = 15) -> None:
+    """Until a process whose command line matches ``pattern`` (``pgrep -f``) runs in the sandbox."""
+    deadline = time.monotonic() + timeout
+    while not (await sh(client, f"pgrep -f '{pattern}' || true")).strip():
+        assert time.monotonic() < deadline, f"no process matching {pattern!r} within {timeout} s"
+        await anyio.sleep(0.05)  # poll interval of a condition, not a guess at readiness
+
+
 @pytest.mark.sandbox
 async def test_pty_interactive_program_exits_with_its_code(client: ComputerServerClient) -> None:
     script = 'printf "name? "; read n; echo "hello $n"; exit 7'
@@ -186,7 +195,10 @@ async def test_pty_bash_session_resize_and_ctrl_c(client: ComputerServerClient) 
         await client.pty_resize(pid, 120, 33)
         await client.pty_write(pid, b"stty size\n")
         assert b"33 120" in await read_until(client, pid, b"33 120")
-        await client.pty_write(pid, b"sleep 60; echo not-interrupted\n")
+        await client.pty_write(pid, b"sleep 61.25; echo not-interrupted\n")
+        # Only once sleep runs is it the terminal's foreground job: a ^C sent while bash is still between
+        # reading the line and starting it reaches bash, and sleep then runs its whole minute.
+        await wait_for_process(client, "^sleep 61[.]25$")
         await client.pty_write(pid, b"\x03")  # the PTY is the controlling terminal: ^C reaches sleep
         await client.pty_write(pid, b"echo after-$((1+1))\n")
         out = await read_until(client, pid, b"after-2")
