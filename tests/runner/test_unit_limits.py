@@ -1,4 +1,4 @@
-"""A task that allocates more memory than its shape gives it (issue 16), through ``ale-iac evaluate`` on the
+"""A task that allocates more memory than its shape gives it, through ``ale-iac evaluate`` on the
 ``local`` profile: the sandbox's memory limit kills it, and the unit's record says so (``limits`` and
 ``oom_kills`` in run.json, the ``oom_killed`` event, a line in the unit's error)."""
 
