@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
+from ale_iac.config_files import read_yaml, validate
 from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
-from ale_iac.errors import ConfigError, Problems, did_you_mean, read_yaml, validate
+from ale_iac.errors import ConfigError, Problems, did_you_mean
 from ale_iac.paths import project_root
 
 CONFIG_NAMESPACE = "ale-iac"

@@ -32,8 +32,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ale_iac.agent import AgentConfig, load_deployer_class  # noqa: E402
-from ale_iac.agent.registry import executor_class  # noqa: E402
+from ale_iac.agent_sdk import AgentConfig, load_deployer_class  # noqa: E402
+from ale_iac.agent_sdk.executor_registry import executor_class  # noqa: E402
 from ale_iac.images import require_image  # noqa: E402
 from ale_iac.runner.records import Redactor  # noqa: E402
 from ale_iac.substrates.local import runtime as local_runtime  # noqa: E402
@@ -70,7 +70,7 @@ async def one_run(kind: str, handle: object, work: Path, clis: dict[str, object]
 
 
 async def ship_cli(handle: object, name: str) -> tuple[float, int]:
-    from ale_iac.agent.clis import archive, ensure_cli
+    from ale_iac.agent_sdk.clis import archive, ensure_cli
     from ale_iac.executors.sandbox import ship_archive
 
     path = await asyncio.to_thread(archive, ensure_cli(name))

@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from ale_iac.models.gateway import ModelGateway
-from ale_iac.models.plan import plan_from
-from ale_iac.models.scripted import ScriptedModelServer
+from ale_iac.llm.gateway import ModelGateway
+from ale_iac.llm.plan import plan_from
+from ale_iac.llm.scripted import ScriptedModelServer
 
 KEY = "sk-bench-real-key"
 PLAN = plan_from(

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from ale_iac.agent import AgentConfig, ModelGrant, load_deployer_class
+from ale_iac.agent_sdk import AgentConfig, ModelGrant, load_deployer_class
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.executors.local import LocalExecutor
 from ale_iac.sandbox.handle import SandboxHandle

@@ -27,8 +27,8 @@ from rich.console import Console
 from ale_iac.engine import Engine
 from ale_iac.infra.program import inline_program, pool_units
 from ale_iac.profile import PoolSpec, resolve_profile
+from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 POOL = "bench-runner-pool"

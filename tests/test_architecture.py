@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac.agent import BaseExecutor, available_executors
-from ale_iac.agent.registry import executor_class
+from ale_iac.agent_sdk import BaseExecutor, available_executors
+from ale_iac.agent_sdk.executor_registry import executor_class
 from ale_iac.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def test_deployers_import_only_the_agent_sdk() -> None:
     deployers = sorted((REPO / "agents").rglob("*.py"))
     assert deployers
     for path in deployers:
-        assert ale_iac_imports(path) <= {"ale_iac.agent", "ale_iac.errors"}, path
+        assert ale_iac_imports(path) <= {"ale_iac.agent_sdk", "ale_iac.errors"}, path
 
 
 def test_tasks_import_only_the_task_sdk() -> None:

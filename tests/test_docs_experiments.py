@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, load_deployer_class
+from ale_iac.agent_sdk import AgentConfig, load_deployer_class
 from ale_iac.errors import ConfigError
+from ale_iac.runner.evaluation import bridge_tools, check_agents
 from ale_iac.runner.experiment import ExperimentSpec, load_experiment
-from ale_iac.runner.runner import bridge_tools, check_agents
 from tests.support.sandbox import Endpoint
 
 REPO = Path(__file__).resolve().parents[1]

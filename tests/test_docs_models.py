@@ -7,8 +7,8 @@ import re
 import shlex
 from pathlib import Path
 
+from ale_iac.runner.evaluation import check_agents
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import check_agents
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "models.md"

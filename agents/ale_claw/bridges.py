@@ -21,7 +21,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, PaginatedRequestParams, TextContent
 
-from ale_iac.agent import BridgeKind, BridgeLaunch
+from ale_iac.agent_sdk import BridgeKind, BridgeLaunch
 
 PING_TIMEOUT_S = 5.0
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentConfig,
     AgentInfo,
     AgentRunResult,

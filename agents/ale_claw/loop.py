@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ale_iac.agent import AgentStatus, sibling_module
+from ale_iac.agent_sdk import AgentStatus, sibling_module
 
 if TYPE_CHECKING:  # mypy reads the siblings by their path in the repository; the runner loads them by file
     from agents.ale_claw import context, models

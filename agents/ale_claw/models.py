@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import anthropic
 import openai
 
-from ale_iac.agent import ModelAccess
+from ale_iac.agent_sdk import ModelAccess
 
 if TYPE_CHECKING:  # annotations only: the deployer loads the sibling modules by file
     from agents.ale_claw.context import ViewTurn

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ale_iac.agent import BridgeKind
+from ale_iac.agent_sdk import BridgeKind
 
 if TYPE_CHECKING:  # annotations only: the deployer loads the sibling modules by file
     from agents.ale_claw.bridges import Bridge, RawResult

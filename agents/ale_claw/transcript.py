@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ale_iac.agent import AgentInfo, Step, Trajectory, TrajectoryBuilder
+from ale_iac.agent_sdk import AgentInfo, Step, Trajectory, TrajectoryBuilder
 
 
 def to_trajectory(

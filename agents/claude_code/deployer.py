@@ -3,7 +3,7 @@
 The deployer never asks where it runs; ``self.executor`` says what it needs to know:
 
 * ``executor.cli("claude-code")``: the native executable, installed from npm on the host
-  (``ale_iac.agent.clis``) and carried to where the deployer runs.
+  (``ale_iac.agent_sdk.clis``) and carried to where the deployer runs.
 * ``executor.model_access()``: the base URL of the run's model gateway and the unit's token, sent
   as the API key. The real key never reaches the agent.
 * ``executor.native_shell``: inside the sandbox the agent keeps its own shell and file tools
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentConfig,
     AgentInfo,
     AgentRunResult,

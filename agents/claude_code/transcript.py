@@ -39,7 +39,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentInfo,
     Step,
     TokenMetrics,

@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentInfo,
     Step,
     TokenMetrics,

@@ -55,7 +55,7 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, ImageContent, PaginatedRequestParams, TextContent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentConfig,
     AgentInfo,
     AgentRunResult,

@@ -98,7 +98,7 @@ def agent_cli_rows() -> list[tuple[str, bool, str]]:
     it will be installed (from npm, the first time an agent needs it)."""
     import shutil
 
-    from ale_iac.agent.clis import CLIS, find_cli, pinned_version
+    from ale_iac.agent_sdk.clis import CLIS, find_cli, pinned_version
 
     npm = shutil.which("npm")
     rows = []

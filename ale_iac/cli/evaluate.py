@@ -36,8 +36,8 @@ def evaluate(
     task or profile that is not valid: every problem printed, each with its file and field), 130 if
     interrupted.
     """
+    from ale_iac.runner.evaluation import exit_code, print_summary, run_experiment
     from ale_iac.runner.experiment import load_experiment
-    from ale_iac.runner.runner import exit_code, print_summary, run_experiment
 
     overrides = {
         "profile": profile,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from ale_iac.models.scripted import ServedRequest
+    from ale_iac.llm.scripted import ServedRequest
 
 
 def _describe(record: ServedRequest) -> str:
@@ -57,8 +57,8 @@ def model_server(
     import os
 
     from ale_iac.errors import AleIacError
-    from ale_iac.models.plan import load_plan
-    from ale_iac.models.scripted import ScriptedModelServer
+    from ale_iac.llm.plan import load_plan
+    from ale_iac.llm.scripted import ScriptedModelServer
 
     scripted = load_plan(plan)
     key = None

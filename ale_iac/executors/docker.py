@@ -58,8 +58,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from ale_iac import images, procs
-from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
+from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind
+from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, UnitOutputs
 from ale_iac.errors import AleIacError
 from ale_iac.executors.bundle import ensure_bundle

@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, TaskPaths
-from ale_iac.agent.deployer import load_deployer_class
-from ale_iac.agent.executor import BridgeLaunch, ModelAccess
+from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind, TaskPaths
+from ale_iac.agent_sdk.deployer import load_deployer_class
+from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV, UnitOutputs
 from ale_iac.errors import ConfigError
 from ale_iac.executors.local import LocalExecutor

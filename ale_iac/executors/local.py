@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ale_iac import procs
-from ale_iac.agent.config import AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BridgeLaunch, ProcessResult, Runnable, ale_iac_command
+from ale_iac.agent_sdk.config import AgentRunResult, BridgeKind
+from ale_iac.agent_sdk.executor import BridgeLaunch, ProcessResult, Runnable, ale_iac_command
 from ale_iac.contract import ENDPOINT_TOKEN_ENV as TOKEN_ENV
 from ale_iac.contract import ENDPOINT_TOKEN_FILE_ENV as TOKEN_FILE_ENV
 from ale_iac.executors.workdir import HostWorkDir

@@ -4,7 +4,7 @@ Everything goes through the sandbox's computer-server (the one transport every s
 
 1. **Stage**, each at most once per sandbox (a ``.complete`` marker; a pool sandbox keeps them):
    the runtime bundle for the sandbox's Python (``executors.bundle``), and each agent CLI the
-   deployer declares, carried in from this host's npm install (``ale_iac.agent.clis``) as a
+   deployer declares, carried in from this host's npm install (``ale_iac.agent_sdk.clis``) as a
    compressed archive. Per unit: the preset folder, the spec, and the unit's gateway token in a
    0600 secrets file the entry deletes on reading.
 2. **Start** ``python -m ale_iac.executors.entry`` detached, in a session of its own (``setsid``);
@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind
-from ale_iac.agent.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
+from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind
+from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
@@ -145,7 +145,7 @@ class SandboxExecutor(HostWorkDir):
         for folder in (self._bundle.deps, self._bundle.src):
             await ship_folder(client, folder, str(runtime / folder.name))
         for name, install in self.clis.items():
-            from ale_iac.agent.clis import archive
+            from ale_iac.agent_sdk.clis import archive
 
             await ship_archive(client, await asyncio.to_thread(archive, install), str(self._cli_dir(name)))
         work = self.remote_work_dir

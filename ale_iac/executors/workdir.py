@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ale_iac.agent.executor import BaseExecutor
+from ale_iac.agent_sdk.executor import BaseExecutor
 
 
 class HostWorkDir(BaseExecutor):

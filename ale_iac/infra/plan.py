@@ -31,8 +31,9 @@ from typing import Any
 import yaml
 
 from ale_iac.cloud_routes import find_clear_credentials
+from ale_iac.config_files import read_yaml
 from ale_iac.contract import UnitSpec
-from ale_iac.errors import AleIacError, ConfigError, read_yaml
+from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.infra.cloud_common import EXPIRY_FORMAT, use_clock
 from ale_iac.profile import LoadedProfile, resolve_profile, stacks_dir
 

@@ -1,6 +1,6 @@
 """A trajectory (ATIF, any version up to 1.5) read leniently into a conversation to show.
 
-``ale_iac.agent.trajectory`` is the strict model deployers write; a report must also show a
+``ale_iac.agent_sdk.trajectory`` is the strict model deployers write; a report must also show a
 trajectory written by another tool, a newer ATIF, or one cut short, so this reads only what it
 shows, ignores unknown fields, and turns a step it cannot read into a visible note instead of
 failing the page. Screenshots are paths relative to the agent's work dir (``extra.artifacts_dir``);

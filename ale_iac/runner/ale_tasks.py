@@ -40,8 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ale_iac.compat import cua_bench_importable
 from ale_iac.compat.cua_bench import ROLE_ATTR, DesktopSession
+from ale_iac.config_files import validate
 from ale_iac.contract import ALE_LINUX_ROOT, ALE_WINDOWS_ROOT, Shape
-from ale_iac.errors import AleIacError, ConfigError, validate
+from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.runner.tasks import (
     ALE_CARD_NAME,
     Hook,

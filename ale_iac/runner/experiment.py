@@ -27,9 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ale_iac.agent import AgentConfig
-from ale_iac.errors import ConfigError, Problems, read_yaml, validate
-from ale_iac.models.plan import load_plan
+from ale_iac.agent_sdk import AgentConfig
+from ale_iac.config_files import read_yaml, validate
+from ale_iac.errors import ConfigError, Problems
+from ale_iac.llm.plan import load_plan
 from ale_iac.paths import project_root
 from ale_iac.profile import CleanupMode
 from ale_iac.runner.ale_tasks import LocalTaskData, load_ale_task

@@ -32,7 +32,7 @@ from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
-from ale_iac.runner.registry import read_claims, runs_dir
+from ale_iac.runner.run_claims import read_claims, runs_dir
 
 
 @dataclass

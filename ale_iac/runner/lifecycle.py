@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ale_iac.agent import (
+from ale_iac.agent_sdk import (
     AgentRunResult,
     CliInstall,
     ModelApi,
@@ -35,14 +35,14 @@ from ale_iac.agent import (
 )
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError, one_line
-from ale_iac.models.gateway import ModelGateway
+from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode
 from ale_iac.runner import hook_output
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.model_plan import ModelUpstream, plan_error_in
 from ale_iac.runner.provisioners import RETAINED, Provisioner
 from ale_iac.runner.records import Redactor, UnitRecord
-from ale_iac.runner.registry import RunRegistry
+from ale_iac.runner.run_claims import RunRegistry
 from ale_iac.runner.status import AGENT_OUTCOME, UnitStatus
 from ale_iac.runner.tasks import TaskDataMissingError, UnitTask, collect_dir
 from ale_iac.runner.unit_limits import record_limits

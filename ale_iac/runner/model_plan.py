@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ale_iac.errors import AleIacError
-from ale_iac.models.gateway import ApiKind, base_url_for
-from ale_iac.models.scripted import PLAN_ERROR
+from ale_iac.llm.gateway import ApiKind, base_url_for
+from ale_iac.llm.scripted import PLAN_ERROR
 from ale_iac.procs import stop_by_closing_stdin
 
 LOG_NAME: Final = "model_server.log"

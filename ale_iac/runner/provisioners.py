@@ -24,8 +24,8 @@ from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
 from ale_iac.runner import leases
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.records import UnitRecord
-from ale_iac.runner.registry import RunRegistry
 from ale_iac.runner.resets import current_outputs, reset_of
+from ale_iac.runner.run_claims import RunRegistry
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready

@@ -32,8 +32,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ale_iac.config_files import load_model
 from ale_iac.contract import Shape
-from ale_iac.errors import AleIacError, ConfigError, load_model
+from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.sandbox import transport
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.handle import SandboxHandle

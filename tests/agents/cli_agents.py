@@ -18,12 +18,19 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, AgentRunResult, BaseAgentDeployer, CliInstall, ModelGrant, load_deployer_class
-from ale_iac.agent.clis import ensure_cli
-from ale_iac.agent.trajectory import Trajectory
+from ale_iac.agent_sdk import (
+    AgentConfig,
+    AgentRunResult,
+    BaseAgentDeployer,
+    CliInstall,
+    ModelGrant,
+    load_deployer_class,
+)
+from ale_iac.agent_sdk.clis import ensure_cli
+from ale_iac.agent_sdk.trajectory import Trajectory
 from ale_iac.executors.local import LocalExecutor
-from ale_iac.models.plan import plan_from
-from ale_iac.models.scripted import ScriptedModelServer
+from ale_iac.llm.plan import plan_from
+from ale_iac.llm.scripted import ScriptedModelServer
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready

@@ -27,11 +27,11 @@ import psutil
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, AgentRunResult, ModelGrant, load_deployer_class
-from ale_iac.agent.trajectory import Trajectory
+from ale_iac.agent_sdk import AgentConfig, AgentRunResult, ModelGrant, load_deployer_class
+from ale_iac.agent_sdk.trajectory import Trajectory
 from ale_iac.executors.local import LocalExecutor
-from ale_iac.models.plan import plan_from
-from ale_iac.models.scripted import ScriptedModelServer, ServedRequest
+from ale_iac.llm.plan import plan_from
+from ale_iac.llm.scripted import ScriptedModelServer, ServedRequest
 from ale_iac.runner.lifecycle import build_prompt
 from ale_iac.runner.records import Redactor
 from ale_iac.runner.tasks import load_task, upload_dir
@@ -196,7 +196,7 @@ def results_of(trajectory: Trajectory) -> list[tuple[str, dict[str, Any], str, b
 
 
 def test_presets_validate_and_choose_the_sdk() -> None:
-    from ale_iac.runner.runner import bridge_tools
+    from ale_iac.runner.evaluation import bridge_tools
 
     for api, preset in APIS.items():
         config = load_preset(api)
@@ -588,8 +588,8 @@ def test_evaluate_runs_it_on_the_three_demo_tasks(
     """Through the gateway (the model server accepts only the real key); under ``docker`` the harness runs
     in a container with the image's Python 3.13 and the runtime bundle (the SDKs included)."""
     from ale_iac.engine import Engine
+    from ale_iac.runner.evaluation import run_experiment
     from ale_iac.runner.experiment import load_experiment
-    from ale_iac.runner.runner import run_experiment
 
     key = "sk-test-" + secrets.token_urlsafe(16)
     monkeypatch.setenv("ALE_CLAW_TEST_KEY", key)

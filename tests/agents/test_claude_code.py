@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ale_iac.agent import AgentInfo, CliInstall
+from ale_iac.agent_sdk import AgentInfo, CliInstall
 from ale_iac.errors import ConfigError
-from ale_iac.runner.runner import bridge_tools
+from ale_iac.runner.evaluation import bridge_tools
 from ale_iac.sandbox.handle import SandboxHandle
 from tests.agents.cli_agents import (
     FIXTURES,

@@ -29,12 +29,12 @@ import yaml
 
 from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, read_unit_handle
-from ale_iac.models.plan import Plan, load_plan
-from ale_iac.models.scripted import ScriptedModelServer
-from ale_iac.runner import runner
+from ale_iac.llm.plan import Plan, load_plan
+from ale_iac.llm.scripted import ScriptedModelServer
+from ale_iac.runner import evaluation
+from ale_iac.runner.evaluation import RunSummary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.model_plan import PlanServer
-from ale_iac.runner.runner import RunSummary, run_experiment
 from tests.support.sandbox import Endpoint, run
 from tests.test_docs_models import dry_run_command
 
@@ -164,7 +164,7 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunSummary
             super().start()
             started.append(self)
 
-    monkeypatch.setattr(runner, "PlanServer", Recorded)
+    monkeypatch.setattr(evaluation, "PlanServer", Recorded)
     argv = dry_run_command()
     overrides = {"model_plan": str(REPO / argv[argv.index("--model-plan") + 1]), "cleanup": "retain"}
     experiment = load_experiment(REPO / argv[1], {**overrides, "output_root": str(tmp_path / "runs")})

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, AgentRunResult, BaseAgentDeployer, load_deployer_class
-from ale_iac.agent.trajectory import Trajectory
+from ale_iac.agent_sdk import AgentConfig, AgentRunResult, BaseAgentDeployer, load_deployer_class
+from ale_iac.agent_sdk.trajectory import Trajectory
 from ale_iac.errors import ConfigError
 from ale_iac.executors.local import LocalExecutor
 from ale_iac.runner.lifecycle import build_prompt

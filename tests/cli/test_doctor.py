@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac.agent.clis import CLIS, MIN_NATIVE_BYTES, clis_dir, pinned_version
+from ale_iac.agent_sdk.clis import CLIS, MIN_NATIVE_BYTES, clis_dir, pinned_version
 from ale_iac.cli.doctor import agent_cli_rows, substrate_rows
 from tests.support.cli import ale_iac
 

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, AgentRunResult, CliInstall, ModelGrant, load_deployer_class
+from ale_iac.agent_sdk import AgentConfig, AgentRunResult, CliInstall, ModelGrant, load_deployer_class
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
 from ale_iac.executors import docker as docker_executor
 from ale_iac.executors.docker import DockerExecutor
 from ale_iac.images import docker_client
-from ale_iac.models.gateway import ModelGateway
-from ale_iac.models.plan import Plan
-from ale_iac.models.scripted import ScriptedModelServer
+from ale_iac.llm.gateway import ModelGateway
+from ale_iac.llm.plan import Plan
+from ale_iac.llm.scripted import ScriptedModelServer
 from ale_iac.paths import home_id
 from ale_iac.runner.gc import GcReport, collect_containers
 from ale_iac.runner.records import Redactor

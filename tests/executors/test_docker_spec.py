@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, CliInstall, ModelGrant
+from ale_iac.agent_sdk import AgentConfig, CliInstall, ModelGrant
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.errors import AleIacError
 from ale_iac.executors.docker import DockerExecutor, _python_version

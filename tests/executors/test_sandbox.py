@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ale_iac.agent import AgentConfig, AgentRunResult, load_deployer_class
+from ale_iac.agent_sdk import AgentConfig, AgentRunResult, load_deployer_class
 from ale_iac.executors.sandbox import SandboxExecutor
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle

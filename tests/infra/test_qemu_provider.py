@@ -157,8 +157,8 @@ def test_the_demo_experiment_on_the_qemu_profile_scores_one(tmp_path: Path) -> N
     import json
 
     from ale_iac.engine import Engine
+    from ale_iac.runner.evaluation import run_experiment
     from ale_iac.runner.experiment import load_experiment
-    from ale_iac.runner.runner import run_experiment
 
     experiment = load_experiment(REPO / "examples" / "demo.yaml", {"profile": "qemu", "output_root": str(tmp_path)})
     summary = run_experiment(experiment)

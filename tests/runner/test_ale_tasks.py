@@ -14,8 +14,8 @@ import pytest
 from ale_iac.contract import LINUX_DESKTOP_PATHS, WINDOWS_DESKTOP_PATHS
 from ale_iac.errors import ConfigError
 from ale_iac.runner.ale_tasks import AleSandbox, AleTask, AleUnit, LocalTaskData, as_score, load_ale_task
+from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import run_experiment
 from ale_iac.runner.tasks import TaskDataMissingError, download_dir
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.substrates.local.runtime import LocalSandboxState

@@ -18,10 +18,10 @@ from rich.console import Console
 from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
 from ale_iac.engine import Engine
 from ale_iac.files import sweep_private_dirs
+from ale_iac.runner.evaluation import RunSummary, print_summary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
-from ale_iac.runner.registry import read_claims
-from ale_iac.runner.runner import RunSummary, print_summary, run_experiment
+from ale_iac.runner.run_claims import read_claims
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.tasks import make_preset, make_task
 

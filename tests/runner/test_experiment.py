@@ -10,7 +10,7 @@ from ale_iac.errors import ConfigError
 from ale_iac.runner.experiment import load_experiment
 
 MAIN = "async def setup(sandbox):\n    pass\n\nasync def evaluate(sandbox):\n    return 1.0\n"
-PRESET = "name: noop\ndeployer: ale_iac.agent:BaseAgentDeployer\n"
+PRESET = "name: noop\ndeployer: ale_iac.agent_sdk:BaseAgentDeployer\n"
 
 
 def _task(root: Path, task_id: str, card: str | None = None, main: str = MAIN) -> Path:

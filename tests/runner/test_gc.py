@@ -14,7 +14,7 @@ from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError
 from ale_iac.paths import home_id
 from ale_iac.runner.gc import collect, destroy_retained
-from ale_iac.runner.registry import RunRegistry
+from ale_iac.runner.run_claims import RunRegistry
 
 pytestmark = [pytest.mark.engine]
 
@@ -104,7 +104,7 @@ def test_destroying_what_a_run_retained(tmp_path: Any) -> None:
     # The retaining run, finished: its registry file outlives its process because it retained a stack.
     code = (
         "from pathlib import Path\n"
-        "from ale_iac.runner.registry import RunRegistry\n"
+        "from ale_iac.runner.run_claims import RunRegistry\n"
         f"r = RunRegistry('finished-run', Path({str(tmp_path)!r}))\n"
         f"r.claim({retained!r}); r.retain({retained!r}); r.close()\n"
     )

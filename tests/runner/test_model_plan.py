@@ -17,7 +17,7 @@ import yaml
 
 from ale_iac import procs
 from ale_iac.errors import ConfigError
-from ale_iac.runner import runner
+from ale_iac.runner import evaluation
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.model_plan import PlanServer
 from ale_iac.runner.records import MANIFEST
@@ -117,14 +117,14 @@ class _NoEngine:
 
 
 def test_a_run_that_follows_a_plan_needs_no_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "Engine", _NoEngine)
+    monkeypatch.setattr(evaluation, "Engine", _NoEngine)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with pytest.raises(AssertionError, match="an engine was made"):
-        runner.run_experiment(load_experiment(_experiment(tmp_path)))
+        evaluation.run_experiment(load_experiment(_experiment(tmp_path)))
     spec = json.loads((tmp_path / "exp.yaml").read_text())
     (tmp_path / "exp.yaml").write_text(json.dumps({k: v for k, v in spec.items() if k != "model_plan"}))
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY is not set"):
-        runner.run_experiment(load_experiment(tmp_path / "exp.yaml"))
+        evaluation.run_experiment(load_experiment(tmp_path / "exp.yaml"))
 
 
 @pytest.mark.sandbox
@@ -136,7 +136,7 @@ def test_a_plan_error_ends_the_unit_as_an_agent_failure_with_its_reason(
     """No script matches the task: the agent gets an error answer (HTTP 400), and the unit ends
     ``agent_failed`` (graded on what it left) with the plan error, quoting the task's own text, as its reason."""
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    summary = runner.run_experiment(load_experiment(_experiment(tmp_path)))
+    summary = evaluation.run_experiment(load_experiment(_experiment(tmp_path)))
     [outcome] = summary.outcomes
     unit = summary.run_dir / outcome.unit_id
     assert outcome.status == "agent_failed" and outcome.score == 0.0, outcome

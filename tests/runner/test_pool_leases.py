@@ -13,7 +13,7 @@ import pytest
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.profile import PoolSpec, parse_profile
-from ale_iac.runner import leases, runner
+from ale_iac.runner import evaluation, leases
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.leases import dirty_marker
 from ale_iac.runner.provisioners import Pool, PoolProvisioner
@@ -115,7 +115,7 @@ class _PoolEngine:
 def test_a_task_whose_snapshot_the_pool_lacks_fails_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner, "Engine", _PoolEngine)
+    monkeypatch.setattr(evaluation, "Engine", _PoolEngine)
     make_task(tmp_path, "answer")
     with (tmp_path / "answer" / "task.yaml").open("a") as card:
         card.write("snapshot: win\n")
@@ -123,7 +123,7 @@ def test_a_task_whose_snapshot_the_pool_lacks_fails_before_anything_runs(
     path = tmp_path / "exp.yaml"
     path.write_text(json.dumps({"name": "pf", "agents": ["writer.yaml"], "tasks": ["answer"], "pool": "mixed"}))
     with pytest.raises(ConfigError, match=r"task\.yaml.*snapshot.*pool 'mixed' has no unit of snapshot 'win'"):
-        runner.run_experiment(load_experiment(path))
+        evaluation.run_experiment(load_experiment(path))
     assert not (tmp_path / "runs").exists()
 
 
@@ -136,7 +136,7 @@ def test_a_run_reads_the_pool_outputs_once_whatever_its_units(tmp_path: Path, mo
         units = {name: _static(name, "ubuntu") for name in ("ubuntu-0", "ubuntu-1")}
         return Pool(stack, units, ready_timeout_s=0.5)  # dead endpoints: each unit ends not ready
 
-    monkeypatch.setattr(runner, "Engine", _PoolEngine)
+    monkeypatch.setattr(evaluation, "Engine", _PoolEngine)
     monkeypatch.setattr(Pool, "read", classmethod(read))
     tasks = ["t0", "t1", "t2"]
     for task in tasks:
@@ -145,6 +145,6 @@ def test_a_run_reads_the_pool_outputs_once_whatever_its_units(tmp_path: Path, mo
     path = tmp_path / "exp.yaml"
     spec = {"name": "once", "agents": ["writer.yaml"], "tasks": tasks, "pool": "mixed", "concurrency": 2}
     path.write_text(json.dumps(spec))
-    summary = runner.run_experiment(load_experiment(path))
+    summary = evaluation.run_experiment(load_experiment(path))
     assert [o.status for o in summary.outcomes] == ["not_ready"] * 3
     assert reads == ["mixed"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
+from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import run_experiment
 from tests.support.tasks import make_preset, make_task
 
 # The engine is only constructed (a static profile makes no stack); readiness fails on dead endpoints in 1 s.

@@ -12,9 +12,9 @@ import pytest
 
 from ale_iac import procs
 from ale_iac.errors import AleIacError
+from ale_iac.runner.evaluation import MANIFEST, latest_run_dir, recover_crashed_attempt
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.registry import RunRegistry, read_claims, runs_dir
-from ale_iac.runner.runner import MANIFEST, latest_run_dir, recover_crashed_attempt
+from ale_iac.runner.run_claims import RunRegistry, read_claims, runs_dir
 from tests.support.tasks import make_preset, make_task
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ale_iac.agent.trajectory import SCHEMA_VERSION, AgentInfo, Trajectory, TrajectoryBuilder
+from ale_iac.agent_sdk.trajectory import SCHEMA_VERSION, AgentInfo, Trajectory, TrajectoryBuilder
 
 
 def test_builder_numbers_steps_and_links_observations() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
+from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import run_experiment
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.tasks import make_task
 

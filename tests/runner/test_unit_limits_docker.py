@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import run_experiment
 from ale_iac.substrates.docker import runtime
 from tests.support.tasks import make_task
 

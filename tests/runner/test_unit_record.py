@@ -15,15 +15,15 @@ import pytest
 from mcp.types import CallToolResult, ImageContent
 from rich.console import Console
 
-from ale_iac.agent import AgentConfig, load_deployer_class
+from ale_iac.agent_sdk import AgentConfig, load_deployer_class
 from ale_iac.cli.sandbox import handle_text
 from ale_iac.profile import CleanupMode
+from ale_iac.runner.evaluation import RunSummary, mean_line, print_summary
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, _grade, _Unit, call_hook, relative_to_record
 from ale_iac.runner.provisioners import keep_sandbox
 from ale_iac.runner.records import Redactor, UnitRecord
-from ale_iac.runner.registry import RunRegistry
-from ale_iac.runner.runner import RunSummary, mean_line, print_summary
+from ale_iac.runner.run_claims import RunRegistry
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import Task, load_task
 from ale_iac.task import TaskSandbox

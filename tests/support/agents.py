@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from ale_iac.agent import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
+from ale_iac.agent_sdk import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
 
 
 def output_dir(prompt: str) -> str:

@@ -8,7 +8,7 @@ The markers (registered, with their meaning, in pyproject.toml):
   toolchain scripts/setup.sh built).
 * ``sandbox``: a host that runs local sandboxes: root, the desktop image, and every
   ``ale_iac.substrates.local.runtime.host_checks()`` ok. Most of these tests start real sandboxes.
-* ``agent_clis``: the pinned agent CLIs (``ale_iac.agent.clis``: Claude Code, Codex) installed, or
+* ``agent_clis``: the pinned agent CLIs (``ale_iac.agent_sdk.clis``: Claude Code, Codex) installed, or
   ``npm`` on PATH to install them from the npm registry (the test's fixture does, ~6 s each, once).
 * ``rootless``: root (to make a normal user with ``useradd`` and drive it with ``runuser`` in a private mount
   namespace: tests/support/rootless.py), the desktop image, and unprivileged user namespaces allowed.
@@ -164,13 +164,13 @@ def _qemu() -> str | None:
 def _agent_clis() -> str | None:
     import shutil
 
-    from ale_iac.agent.clis import CLIS, find_cli
+    from ale_iac.agent_sdk.clis import CLIS, find_cli
 
     if all(find_cli(name) is not None for name in CLIS) or shutil.which("npm"):
         return None
     return (
         f"the agent CLIs ({', '.join(CLIS)}) are not installed and npm is not on PATH to install them "
-        "(apt-get install npm; python -m ale_iac.agent.clis ensure claude-code codex)"
+        "(apt-get install npm; python -m ale_iac.agent_sdk.clis ensure claude-code codex)"
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from PIL import Image, ImageDraw
 
-from ale_iac.agent import AgentInfo, TrajectoryBuilder
+from ale_iac.agent_sdk import AgentInfo, TrajectoryBuilder
 
 State = Literal["succeeded", "agent_failed", "setup_failed", "running", "interrupted", "queued"]
 START = dt.datetime(2026, 12, 1, 4, 0, 0, tzinfo=dt.UTC)

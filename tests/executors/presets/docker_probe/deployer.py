@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ale_iac.agent import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
+from ale_iac.agent_sdk import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
 
 EXIT_MARKER = "docker-probe: exiting without a result"
 WRITE_TARGETS = (

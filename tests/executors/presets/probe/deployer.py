@@ -17,7 +17,7 @@ from typing import ClassVar
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from ale_iac.agent import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
+from ale_iac.agent_sdk import AgentInfo, AgentRunResult, BaseAgentDeployer, Trajectory, TrajectoryBuilder
 
 
 class ProbeDeployer(BaseAgentDeployer):

@@ -4,10 +4,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ale_iac.models.gateway import ModelGateway
-from ale_iac.models.plan import Plan
-from ale_iac.models.scripted import ScriptedModelServer
-from tests.models.helpers import TWO_STEP
+from ale_iac.llm.gateway import ModelGateway
+from ale_iac.llm.plan import Plan
+from ale_iac.llm.scripted import ScriptedModelServer
+from tests.llm.helpers import TWO_STEP
 
 MakeServer = Callable[..., ScriptedModelServer]
 

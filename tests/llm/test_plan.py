@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ale_iac.errors import ConfigError
-from ale_iac.models.plan import DEFAULT_USAGE, FailTurn, TextTurn, ToolTurn, load_plan
+from ale_iac.llm.plan import DEFAULT_USAGE, FailTurn, TextTurn, ToolTurn, load_plan
 
 GOOD = """
 scripts:
@@ -99,9 +99,9 @@ def test_the_plans_in_the_docs_load() -> None:
 
     import yaml
 
-    from ale_iac.models import plan as plan_module
-    from ale_iac.models.gateway import ModelGateway
-    from ale_iac.models.plan import plan_from
+    from ale_iac.llm import plan as plan_module
+    from ale_iac.llm.gateway import ModelGateway
+    from ale_iac.llm.plan import plan_from
     from tests.support.cli import REPO
 
     page = (REPO / "docs" / "models.md").read_text()

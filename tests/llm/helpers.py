@@ -1,4 +1,4 @@
-"""Shared by the tests of ale_iac.models: plans, tool lists shaped like the real CLIs', SDK clients."""
+"""Shared by the tests of ale_iac.llm: plans, tool lists shaped like the real CLIs', SDK clients."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import openai
 
-from ale_iac.models.plan import Plan, plan_from
+from ale_iac.llm.plan import Plan, plan_from
 
 RUN_COMMAND_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 

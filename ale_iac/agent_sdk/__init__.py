@@ -6,7 +6,7 @@ I/O through ``self.executor`` (a :class:`BaseExecutor`), and turn the agent's na
 :class:`Trajectory` with :class:`TrajectoryBuilder`.
 """
 
-from ale_iac.agent.config import (
+from ale_iac.agent_sdk.config import (
     AgentConfig,
     AgentRunResult,
     AgentStatus,
@@ -16,8 +16,8 @@ from ale_iac.agent.config import (
     TaskPaths,
     ToolCatalog,
 )
-from ale_iac.agent.deployer import BaseAgentDeployer, load_deployer_class, sibling_module
-from ale_iac.agent.executor import (
+from ale_iac.agent_sdk.deployer import BaseAgentDeployer, load_deployer_class, sibling_module
+from ale_iac.agent_sdk.executor import (
     BaseExecutor,
     BridgeLaunch,
     CliInstall,
@@ -25,8 +25,8 @@ from ale_iac.agent.executor import (
     ModelGrant,
     ProcessResult,
 )
-from ale_iac.agent.registry import available_executors, make_executor
-from ale_iac.agent.trajectory import (
+from ale_iac.agent_sdk.executor_registry import available_executors, make_executor
+from ale_iac.agent_sdk.trajectory import (
     AgentInfo,
     Step,
     TokenMetrics,

@@ -9,8 +9,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ale_iac.agent.config import AgentConfig, TaskPaths
-from ale_iac.agent.executor import BaseExecutor, CliInstall, ModelGrant
+from ale_iac.agent_sdk.config import AgentConfig, TaskPaths
+from ale_iac.agent_sdk.executor import BaseExecutor, CliInstall, ModelGrant
 from ale_iac.errors import ConfigError
 from ale_iac.sandbox.handle import SandboxHandle
 

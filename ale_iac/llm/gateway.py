@@ -21,7 +21,7 @@ Base URLs follow the vendors' SDKs: Anthropic's exclude ``/v1``, OpenAI's includ
 ``{openai base}/responses``; :meth:`Grant.base_url` gives the agent's side of the same convention.
 
 Server side: uvicorn (h11) serving a plain ASGI callable, one ``uvicorn.Server`` per listener on one
-event loop in the gateway's own daemon thread (``ale_iac.models._serving``). uvicorn is already in
+event loop in the gateway's own daemon thread (``ale_iac.llm._serving``). uvicorn is already in
 the environment (through ``mcp``), well kept, streams responses as they are written, and takes
 pre-bound sockets (``serve(sockets=[...])``), which is how we get Unix sockets with our own
 permissions and a readiness that needs no polling; run off the main thread it installs no signal
@@ -50,7 +50,7 @@ import httpx
 
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError, one_line, squash
-from ale_iac.models import _serving as serving
+from ale_iac.llm import _serving as serving
 
 ApiKind = Literal["anthropic", "openai"]
 

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from ale_iac.errors import read_yaml, validate
+from ale_iac.config_files import read_yaml, validate
 
 FailMode = Literal["http_500", "http_429", "http_529", "http_400", "http_401", "hang", "drop"]
 SHELL: Final = "shell"

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from ale_iac.models.scripted import PLAN_ERROR, ScriptedModelServer, ServedRequest, prompt_of, task_text_of
-from tests.models.conftest import MakeServer
-from tests.models.helpers import (
+from ale_iac.llm.scripted import PLAN_ERROR, ScriptedModelServer, ServedRequest, prompt_of, task_text_of
+from tests.llm.conftest import MakeServer
+from tests.llm.helpers import (
     CLAUDE_TOOLS,
     CODEX_TOOLS,
     RUN_COMMAND_SCHEMA,

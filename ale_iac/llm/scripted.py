@@ -9,7 +9,7 @@ It speaks the two wire APIs the CLIs use, as they send them (``tests/agents/`` r
 
 ``stream: true`` gets server-sent events as the vendors send them, ``stream: false`` one JSON body.
 ``HEAD`` on any path answers 200 (Claude Code's probe). What it answers comes from a :class:`Plan`
-(``ale_iac.models.plan``): the first script whose regex is found in the prompt, and in it the turn whose
+(``ale_iac.llm.plan``): the first script whose regex is found in the prompt, and in it the turn whose
 index is the number of tool results already in the conversation, so the server keeps no conversation
 state. When the plan cannot be followed (no script matches, a tool the request does not offer, no turn
 left), the answer is an HTTP 400 error whose message starts with :data:`PLAN_ERROR`, which the CLIs
@@ -34,8 +34,8 @@ from types import TracebackType
 from typing import Any, Final, Literal
 
 from ale_iac.clock import utc_now
-from ale_iac.models import _serving as serving
-from ale_iac.models.plan import (
+from ale_iac.llm import _serving as serving
+from ale_iac.llm.plan import (
     NO_USAGE,
     SHELL,
     FailMode,

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from ale_iac.errors import ConfigError
-from ale_iac.models.plan import plan_from
-from tests.models.conftest import MakeServer
-from tests.models.helpers import anthropic_client, claude_messages, codex_input, openai_client, plan
+from ale_iac.llm.plan import plan_from
+from tests.llm.conftest import MakeServer
+from tests.llm.helpers import anthropic_client, claude_messages, codex_input, openai_client, plan
 
 EXEC_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 CLAUDE_EXEC = [{"name": "exec", "description": "Run a command.", "input_schema": EXEC_SCHEMA}]

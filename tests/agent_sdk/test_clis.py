@@ -1,4 +1,4 @@
-"""Agent CLIs installed from npm (ale_iac/agent/clis.py).
+"""Agent CLIs installed from npm (ale_iac/agent_sdk/clis.py).
 
 Most tests run a fake ``npm`` (a script first on PATH) that lays out a package the way the real one
 does, with a real ELF executable (a copy of bash) as the native binary, in a cache of their own
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from ale_iac.agent import CliInstall, clis
-from ale_iac.agent.clis import CLIS, CliInstallError, archive, ensure_cli, find_cli
+from ale_iac.agent_sdk import CliInstall, clis
+from ale_iac.agent_sdk.clis import CLIS, CliInstallError, archive, ensure_cli, find_cli
 
 BASH = shutil.which("bash") or "/bin/bash"
 BASH_VERSION = re.search(
@@ -36,7 +36,7 @@ FAKE_NPM = """#!{python}
 import json, os, shutil, sys
 from pathlib import Path
 
-from ale_iac.agent.clis import CLIS, host_arch
+from ale_iac.agent_sdk.clis import CLIS, host_arch
 
 args = sys.argv[1:]
 with open(os.environ["FAKE_NPM_LOG"], "a") as log:

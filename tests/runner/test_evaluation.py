@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ale_iac.profile import resolve_profile, stacks_dir
+from ale_iac.runner.evaluation import setup_record
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.runner.runner import setup_record
 from tests.support.tasks import make_preset, make_task
 
 

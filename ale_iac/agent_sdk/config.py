@@ -67,7 +67,7 @@ class AgentConfig(BaseModel):
     deployer: str = Field(description="'file.py:Class' relative to the preset folder, or 'module:Class'.")
     executor: str | None = Field(
         default=None,
-        description="Where the deployer runs (one of ale_iac.agent.available_executors()); default: the deployer's.",
+        description="Where the deployer runs (see ale_iac.agent_sdk.available_executors()); default: the deployer's.",
     )
     model: ModelConfig | None = Field(
         default=None, description="The model, if the agent uses one: a name, or {name, api, base_url, api_key_secret}."

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from ale_iac.agent.config import AgentConfig, AgentRunResult, BridgeKind, ModelApi, TaskPaths
+from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind, ModelApi, TaskPaths
 from ale_iac.errors import AleIacError
 from ale_iac.sandbox.handle import SandboxHandle
 
 
 class Runnable(Protocol):
-    """What ``run_deployer`` needs of a deployer (a :class:`~ale_iac.agent.deployer.BaseAgentDeployer`)."""
+    """What ``run_deployer`` needs of a deployer (a :class:`~ale_iac.agent_sdk.deployer.BaseAgentDeployer`)."""
 
     async def install(self) -> None: ...
 
@@ -73,7 +73,7 @@ class ModelGrant:
 
 @dataclass(frozen=True)
 class CliInstall:
-    """An agent CLI installed on this host (``ale_iac.agent.clis``): its root folder, the native
+    """An agent CLI installed on this host (``ale_iac.agent_sdk.clis``): its root folder, the native
     executable to run and every file a copy elsewhere needs (all relative to ``root``)."""
 
     name: str

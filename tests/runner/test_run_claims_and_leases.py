@@ -12,7 +12,7 @@ import pytest
 
 from ale_iac.errors import AleIacError
 from ale_iac.runner import leases
-from ale_iac.runner.registry import RunRegistry, read_claims
+from ale_iac.runner.run_claims import RunRegistry, read_claims
 
 
 def test_claims_of_a_live_run_are_alive_and_vanish_on_close(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_claim_of_a_dead_process_is_not_alive(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from ale_iac.runner.registry import RunRegistry
+        from ale_iac.runner.run_claims import RunRegistry
         RunRegistry("dead", Path({str(tmp_path)!r})).claim("run-orphan")
         """
     )

@@ -19,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
-from ale_iac.agent.config import AgentConfig, AgentRunResult, ModelApi, ToolCatalog
-from ale_iac.agent.executor import BaseExecutor
-from ale_iac.agent.trajectory import Trajectory
+from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, ModelApi, ToolCatalog
+from ale_iac.agent_sdk.executor import BaseExecutor
+from ale_iac.agent_sdk.trajectory import Trajectory
 from ale_iac.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ class BaseAgentDeployer(ABC):
     default_executor: ClassVar[str] = "local"
     supported_executors: ClassVar[frozenset[str]] = frozenset({"local"})
     clis: ClassVar[tuple[str, ...]] = ()
-    """Agent CLIs (names in ``ale_iac.agent.clis.CLIS``) the runner installs on the host before the
+    """Agent CLIs (names in ``ale_iac.agent_sdk.clis.CLIS``) the runner installs on the host before the
     unit and the executor stages where the deployer runs; ``executor.cli(name)`` gives the path."""
     model_api: ClassVar[ModelApi | None] = None
     """The model API the agent speaks; when set, a preset must name a ``model``."""

@@ -13,8 +13,8 @@ lists exactly the files a copy elsewhere needs (the executable and what it uses 
 sandboxes (which have no network, so nothing can be installed there). The same files serve every
 substrate, which is why the install happens here, on the host, and nowhere else.
 
-    python -m ale_iac.agent.clis ensure claude-code codex     # pre-install (scripts, CI)
-    python -m ale_iac.agent.clis archive claude-code          # ... and pack
+    python -m ale_iac.agent_sdk.clis ensure claude-code codex     # pre-install (scripts, CI)
+    python -m ale_iac.agent_sdk.clis archive claude-code          # ... and pack
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ale_iac.agent.executor import CliInstall
+from ale_iac.agent_sdk.executor import CliInstall
 from ale_iac.errors import AleIacError
 from ale_iac.paths import cache_root
 from ale_iac.toolchain import parse_versions, versions_file
@@ -343,7 +343,7 @@ def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ale_iac.agent.clis", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ale_iac.agent_sdk.clis", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["ensure", "archive", "find"])
     parser.add_argument("names", nargs="+", metavar="NAME", help=f"one of: {', '.join(CLIS)}")
     args = parser.parse_args(argv)

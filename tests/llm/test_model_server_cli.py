@@ -13,7 +13,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from tests.models.helpers import CLAUDE_TOOLS, anthropic_client, claude_messages
+from tests.llm.helpers import CLAUDE_TOOLS, anthropic_client, claude_messages
 from tests.support.cli import REPO, ale_iac
 
 PLAN = """

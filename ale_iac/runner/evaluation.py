@@ -22,13 +22,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ale_iac.agent import CliInstall, load_deployer_class
-from ale_iac.agent.config import AgentConfig, ToolCatalog
-from ale_iac.agent.registry import executor_class
+from ale_iac.agent_sdk import CliInstall, load_deployer_class
+from ale_iac.agent_sdk.config import AgentConfig, ToolCatalog
+from ale_iac.agent_sdk.executor_registry import executor_class
 from ale_iac.bridges.warm import WARM_ENV, WarmBridges
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError, Problems
-from ale_iac.models.gateway import ModelGateway
+from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
 from ale_iac.runner.experiment import Experiment, UnitPlan
@@ -38,7 +38,7 @@ from ale_iac.runner.model_plan import PlanServer, plan_record
 from ale_iac.runner.progress import Progress
 from ale_iac.runner.provisioners import RETAINED, Pool, PoolProvisioner, Provisioner, StackProvisioner, static_pool
 from ale_iac.runner.records import MANIFEST, Redactor
-from ale_iac.runner.registry import RunRegistry, read_claims
+from ale_iac.runner.run_claims import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import CARD_NAME, Task
 from ale_iac.sandbox.client import ComputerServerClient
@@ -174,7 +174,7 @@ def _check_agent(agent: AgentConfig, tools: ToolCatalog, source: Path | str) -> 
 
 def install_clis(experiment: Experiment, log: Callable[[str], None]) -> dict[str, dict[str, CliInstall]]:
     """The agent CLIs each agent's deployer declares, installed on this host (once; cached)."""
-    from ale_iac.agent.clis import ensure_cli
+    from ale_iac.agent_sdk.clis import ensure_cli
 
     return {
         agent.name: {name: ensure_cli(name, log=log) for name in load_deployer_class(agent).clis}

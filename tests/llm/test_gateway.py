@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from ale_iac.errors import AleIacError
-from ale_iac.models.gateway import ModelGateway
-from ale_iac.models.scripted import ScriptedModelServer
-from tests.models.conftest import MakeServer
-from tests.models.helpers import (
+from ale_iac.llm.gateway import ModelGateway
+from ale_iac.llm.scripted import ScriptedModelServer
+from tests.llm.conftest import MakeServer
+from tests.llm.helpers import (
     CLAUDE_TOOLS,
     CODEX_TOOLS,
     anthropic_client,
