@@ -37,7 +37,6 @@ from pulumi import automation as auto
 from pulumi.automation._server import LanguageServer  # not re-exported; what Stack.up/destroy serve
 from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK is not pinned
 from pulumi.runtime.proto import language_pb2_grpc
-from pydantic import SecretStr
 
 from ale_iac import filebackend, procs
 from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, parse_units
@@ -45,6 +44,7 @@ from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home
 from ale_iac.provider_host import MODULE as PROVIDER_HOST_MODULE
 from ale_iac.provider_host import ProviderHost
+from ale_iac.substrates import registry
 from ale_iac.toolchain import Toolchain, find_toolchain
 
 PROJECT = "ale-iac"
@@ -514,46 +514,24 @@ def live_outputs(unit: UnitOutputs) -> UnitOutputs:
     """A unit's handle with the endpoint and token its sandbox has now.
 
     A pool unit of a host substrate is reset between leases by remaking it under the same id
-    (``ale_iac.runner.resets``), so the same Pulumi resource, but with a new endpoint port and token
-    (and, for ``docker``, a new container), which the stack's outputs (written at creation) do not know.
-    They are read from the substrate: ``local`` its state dir, ``docker`` the engine (the token from the
-    container's own file), ``qemu`` the unit folder. Other kinds, and a sandbox that is gone or was never
-    reset, keep the stack's values.
+    (``ale_iac.runner.resets``), so the same Pulumi resource, but with a new endpoint port and token (and, for
+    some substrates, a new container), which the stack's outputs (written at creation) do not know. Its
+    substrate says what they are now (``Substrate.current``). Other kinds, and a sandbox that is gone or was
+    never reset, keep the stack's values.
     """
-    if not unit.managed:
+    substrate = registry.of_unit(unit)
+    if substrate is None:
         return unit
-    update: dict[str, Any] = {}
     try:
-        if unit.provider == "local":
-            from ale_iac.substrates.local import runtime as local_runtime
-
-            state = local_runtime.load_state(unit.resource_id)
-            if state is not None:
-                update = {"endpoint": state.endpoint, "endpoint_token": SecretStr(local_runtime.auth_token(state))}
-        elif unit.provider == "docker":
-            from docker.errors import DockerException
-
-            from ale_iac.substrates.docker import runtime as docker_runtime
-
-            try:
-                container = docker_runtime.current(unit.resource_id, known_container=unit.container_id)
-            except DockerException:
-                return unit
-            if container is not None:
-                update = {
-                    "endpoint": container.endpoint,
-                    "endpoint_token": SecretStr(container.token),
-                    "container_id": container.container_id,
-                }
-        elif unit.provider == "qemu":
-            from ale_iac.substrates.qemu import runtime as qemu_runtime
-
-            guest = qemu_runtime.current(unit.resource_id)
-            if guest is not None:
-                update = {"endpoint": guest[0], "endpoint_token": SecretStr(guest[1])}
+        live = substrate.current(unit)
     except (OSError, ValueError, AleIacError):
         return unit
-    return unit.model_copy(update=update) if update else unit
+    if live is None:
+        return unit
+    update: dict[str, Any] = {"endpoint": live.endpoint, "endpoint_token": live.endpoint_token}
+    if live.container_id is not None:
+        update["container_id"] = live.container_id
+    return unit.model_copy(update=update)
 
 
 class _NoReadbackStack(auto.Stack):

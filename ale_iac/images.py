@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ale_iac import docker_engine
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError
 from ale_iac.paths import cache_root, project_root, shared_image_dirs
@@ -79,7 +80,6 @@ _IGNORED_NAMES = {"__pycache__", ".DS_Store"}
 if TYPE_CHECKING:
     from docker import DockerClient
 
-    from ale_iac.substrates.qemu.disk import QemuDisk
 
 DOCKER_REPOSITORY_PREFIX = "ale-iac/"
 """Images ale-iac imports into the Docker engine are ``ale-iac/<name>:<hash12>``."""
@@ -606,24 +606,19 @@ class _Builder:
         return manifest
 
 
-def _images_using(rootfs: Path) -> list[str]:
-    """Ids of live local sandboxes whose base is ``rootfs`` (it must not change under them)."""
-    from ale_iac.substrates.local import runtime as local_runtime
-
-    target = str(rootfs.resolve())
-    return [
-        s.sandbox_id
-        for s in local_runtime.list_sandboxes()
-        if local_runtime.is_alive(s) and str(Path(s.rootfs).resolve()) == target
-    ]
-
-
-def build_image(name: str, *, force: bool = False, log: LogFn = _stderr_log, verbose: bool = False) -> ImageInfo:
+def build_image(
+    name: str,
+    *,
+    force: bool = False,
+    log: LogFn = _stderr_log,
+    verbose: bool = False,
+    users_of: Callable[[Path], list[str]] = lambda _rootfs: [],
+) -> ImageInfo:
     """Build ``images/<name>/`` into the cache, or return the cached build of the same recipe.
 
     ``force`` rebuilds even when a build of the current recipe exists (refused while a running
-    sandbox uses it). ``log`` receives one line per step with its time; ``verbose`` also sends
-    every line the build prints.
+    sandbox uses it: ``users_of`` names the live units whose root is a rootfs). ``log`` receives one line
+    per step with its time; ``verbose`` also sends every line the build prints.
     """
     recipe = recipe_dir(name)
     full_hash = recipe_hash(name)
@@ -640,7 +635,7 @@ def build_image(name: str, *, force: bool = False, log: LogFn = _stderr_log, ver
             log(f"image {ref} was built meanwhile: {existing.path}")
             return existing
         if force and final.exists():
-            users = _images_using(final / ROOTFS)
+            users = users_of(final / ROOTFS)
             if users:
                 raise AleIacError(
                     f"image {ref} is in use by running sandboxes ({', '.join(users)}); "
@@ -688,20 +683,12 @@ def build_image(name: str, *, force: bool = False, log: LogFn = _stderr_log, ver
 # --- the image in the Docker engine ------------------------------------------------------------
 
 
-def docker_client(timeout: float = 60.0) -> DockerClient:
-    """A client of the local Docker engine that has answered a ping (the docker substrate's), or an
-    error saying how to start the engine."""
-    from ale_iac.substrates.docker.runtime import client
-
-    return client(timeout)
-
-
 def docker_image_tag(image: ImageInfo) -> str:
     """``ale-iac/<name>:<hash12>``: the image's content id is its recipe hash, as in the cache."""
     return f"{DOCKER_REPOSITORY_PREFIX}{image.name}:{image.hash}"
 
 
-def _docker_has(client: DockerClient, tag: str) -> bool:
+def docker_has(client: DockerClient, tag: str) -> bool:
     from docker.errors import ImageNotFound
 
     try:
@@ -741,7 +728,7 @@ def _docker_import(image: ImageInfo, tag: str) -> None:
         stderr=subprocess.PIPE,
     )
     assert tar.stdout is not None and tar.stderr is not None
-    client = docker_client(timeout=1800.0)  # the engine answers once the whole layer is written
+    client = docker_engine.client(timeout=1800.0)  # the engine answers once the whole layer is written
     try:
         try:
             answer = client.api.import_image(
@@ -773,12 +760,12 @@ def ensure_docker_image(name: str = "desktop", log: LogFn = _stderr_log) -> str:
     have it yet (once, under the image's lock), else reused. Returns the tag. Nothing is pulled."""
     image = require_image(name)
     tag = docker_image_tag(image)
-    client = docker_client()
+    client = docker_engine.client()
     try:
-        if _docker_has(client, tag):
+        if docker_has(client, tag):
             return tag
         with _locked(cache_dir() / f".docker-{image.ref}.lock", log):
-            if _docker_has(client, tag):
+            if docker_has(client, tag):
                 log(f"image {tag} was imported meanwhile")
                 return tag
             log(f"importing image {image.ref} into the Docker engine as {tag}")
@@ -790,40 +777,38 @@ def ensure_docker_image(name: str = "desktop", log: LogFn = _stderr_log) -> str:
     return tag
 
 
-# --- the image as a QEMU guest disk -------------------------------------------------------------
+# --- what exports of a built image need ----------------------------------------------------------
 
 
-def ensure_qcow2_image(name: str = "desktop", log: LogFn = _stderr_log) -> QemuDisk:
-    """The built image ``name`` as a bootable qcow2 disk with Debian's kernel and initramfs (the ``qemu``
-    substrate's export, ``<image dir>/qcow2-<hash8>/``), made once per recipe and guest-file hash."""
-    from ale_iac.substrates.qemu.disk import export_qcow2, find_export
+@dataclass(frozen=True)
+class ExportContext:
+    """What an export of a built image into another form (a guest disk, a cloud image) needs of the build:
+    the image, the environment its chroot steps run with, the host's apt settings and CA bundle."""
 
+    image: ImageInfo
+    env: dict[str, str]
+    apt_conf: str
+    ca_bundle: Path | None
+
+
+def export_context(name: str, log: LogFn = _stderr_log) -> ExportContext:
+    """The :class:`ExportContext` of the built image ``name``."""
     image = require_image(name)
-    existing = find_export(image.path)
-    if existing is not None:
-        return existing
     builder = _Builder(name, recipe_hash(name), image.path, -1, log, verbose=False)
-    return export_qcow2(
-        image.rootfs,
-        image.path,
-        env=builder.chroot_env(),
-        apt_conf=_host_apt_overrides(),
-        ca_bundle=_host_ca_bundle(),
-        log=log,
-    )
+    return ExportContext(image, builder.chroot_env(), _host_apt_overrides(), _host_ca_bundle())
 
 
-EXPORT_TARGETS = ("docker", "qcow2", "shared")
-"""Where a built rootfs can be exported: one recipe, one cache, several exports."""
+EXPORT_TARGETS = ("docker", "shared")
+"""Exports of a built rootfs this module makes: into the Docker engine, and for the host's other users. The
+substrates add their own (``ale_iac.substrates.registry.export_targets``: one recipe, one cache, several
+exports)."""
 
 
 def export_image(name: str, target: str, log: LogFn = _stderr_log) -> str:
-    """Export the built image ``name`` to ``target`` (see :data:`EXPORT_TARGETS`); returns what it is
-    called there (for ``docker``, the engine tag ``ale-iac/<name>:<hash12>``; for ``qcow2``, the disk)."""
+    """Export the built image ``name`` to ``target`` (one of :data:`EXPORT_TARGETS`); returns what it is called
+    there (for ``docker``, the engine tag ``ale-iac/<name>:<hash12>``; for ``shared``, the folder)."""
     if target not in EXPORT_TARGETS:
         raise AleIacError(f"unknown image export target {target!r} (known: {', '.join(EXPORT_TARGETS)})")
-    if target == "qcow2":
-        return str(ensure_qcow2_image(name, log=log).disk)
     if target == "shared":
         return str(publish_image(name, log=log))
     return ensure_docker_image(name, log=log)

@@ -48,43 +48,43 @@ HOST_RESET_DESCRIPTION = (
 )
 
 
-class LocalRoute(StrictModel):
-    """A sandbox on this host: the image's rootfs run in Linux namespaces (bubblewrap)."""
+class HostRoute(StrictModel):
+    """What every route to a host substrate (``ale_iac/substrates/<provider>``) has."""
 
-    provider: Literal["local"]
+    provider: str
     image: str = Field(default="desktop", description="Image recipe name under images/.")
     screen_width: int = Field(default=1280, ge=320, le=7680)
     screen_height: int = Field(default=800, ge=240, le=4320)
+    shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
+    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
+
+
+class LocalRoute(HostRoute):
+    """A sandbox on this host: the image's rootfs run in Linux namespaces (bubblewrap)."""
+
+    provider: Literal["local"]
     allow_outbound: bool = Field(default=False, description="Give the sandbox outbound network.")
     pids_limit: int = Field(
         default=4096, ge=64, le=4_194_304, description="Most tasks (processes and threads) alive in a sandbox at once."
     )
-    shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
-    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
-class DockerRoute(StrictModel):
+class DockerRoute(HostRoute):
     """A container of the image per unit on the local Docker engine (``ale_iac/substrates/docker``)."""
 
     provider: Literal["docker"]
     image: str = Field(default="desktop", description="Image recipe name under images/ (exported to the engine).")
-    screen_width: int = Field(default=1280, ge=320, le=7680)
-    screen_height: int = Field(default=800, ge=240, le=4320)
     allow_outbound: bool = Field(default=False, description="Give the container outbound network (never the host).")
     pids_limit: int = Field(default=4096, ge=64, le=4_194_304, description="Most tasks alive in a container at once.")
     shm_gb: float = Field(default=1.0, gt=0, le=64, description="Size of /dev/shm.")
     ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry label: gc may reap it after this.")
-    shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
-    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
-class QemuRoute(StrictModel):
+class QemuRoute(HostRoute):
     """A QEMU guest of the image's qcow2 export per unit (``ale_iac/substrates/qemu``): a real kernel."""
 
     provider: Literal["qemu"]
     image: str = Field(default="desktop", description="Image recipe name under images/ (exported as qcow2).")
-    screen_width: int = Field(default=1280, ge=320, le=7680)
-    screen_height: int = Field(default=800, ge=240, le=4320)
     restore: bool = Field(
         default=True,
         description="Start units by restoring a saved memory state (one cold boot per image and shape) "
@@ -99,7 +99,6 @@ class QemuRoute(StrictModel):
     shape: Shape = Field(
         default_factory=Shape, description="Default shape when a task gives none (guest vCPUs, memory)."
     )
-    reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
 
 
 class StaticRoute(StrictModel):

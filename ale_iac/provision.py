@@ -16,8 +16,9 @@ from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
 from ale_iac.infra.program import inline_program
 from ale_iac.paths import home_id
-from ale_iac.profile import DockerRoute, LocalRoute, Profile, QemuRoute
+from ale_iac.profile import HostRoute, Profile
 from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates import registry
 
 UNIT_NAME = "u0"
 
@@ -34,23 +35,21 @@ def made_here(stack: str, prefix: str) -> bool:
 
 
 def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) -> None:
-    """Build (or find in the cache) every image the profile's host routes use, before any unit is provisioned,
+    """Make (or find in the cache) every image the profile's host routes need, before any unit is provisioned,
     so that a first build shows its progress on the console rather than inside a ``pulumi up``: the rootfs of
-    local, docker and qemu routes; for qemu routes also the qcow2 export and, with ``runner: container``, the
-    runner image's rootfs. Nothing else is made: a profile that needs no qemu artifact never builds one."""
-    from ale_iac.images import build_image, ensure_qcow2_image
-    from ale_iac.infra.qemu import RUNNER_IMAGE
+    each route's image, then what its substrate needs beyond it (``Substrate.prepare_images``: for ``qemu``
+    the qcow2 export and, with ``runner: container``, the runner image). A profile that needs no qemu
+    artifact never builds one."""
+    from ale_iac import images
 
-    kwargs: dict[str, Any] = {} if log is None else {"log": log}
-    routes = profile.snapshots.values()
-    host = [r for r in routes if isinstance(r, LocalRoute | DockerRoute | QemuRoute)]
-    qemu = [r for r in host if isinstance(r, QemuRoute)]
-    for name in sorted({r.image for r in host}):
-        build_image(name, **kwargs)
-    for name in sorted({r.image for r in qemu}):
-        ensure_qcow2_image(name, **kwargs)
-    if any(r.runner == "container" for r in qemu):
-        build_image(RUNNER_IMAGE, **kwargs)
+    by_substrate: dict[str, list[HostRoute]] = {}
+    for route in profile.snapshots.values():
+        if isinstance(route, HostRoute):
+            by_substrate.setdefault(route.provider, []).append(route)
+    for name in sorted({route.image for routes in by_substrate.values() for route in routes}):
+        images.build_image(name) if log is None else images.build_image(name, log=log)
+    for substrate, routes in by_substrate.items():
+        registry.get(substrate).prepare_images(routes, log)
 
 
 def up_unit(

@@ -31,7 +31,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ale_iac.images import _docker_import, docker_client, ensure_docker_image, require_image
+from ale_iac.docker_engine import client as docker_client
+from ale_iac.images import _docker_import, ensure_docker_image, require_image
 from ale_iac.runner.tasks import download_dir, upload_dir
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.substrates.docker import runtime

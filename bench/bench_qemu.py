@@ -34,7 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs
-from ale_iac.images import _Builder, _host_apt_overrides, ensure_qcow2_image, recipe_hash, require_image
+from ale_iac.images import export_context
 from ale_iac.runner import tasks
 from ale_iac.sandbox import transport
 from ale_iac.sandbox.client import ComputerServerClient
@@ -171,12 +171,12 @@ def bench_staging(qdisk: disk.QemuDisk, megabytes: int) -> None:
 
 
 def bench_export() -> None:
-    image = require_image("desktop")
-    builder = _Builder("desktop", recipe_hash("desktop"), image.path, -1, print, verbose=False)
+    context = export_context("desktop", print)
+    image = context.image
     with tempfile.TemporaryDirectory(dir=image.path.parent) as tmp:
         started = time.monotonic()
         made = disk.export_qcow2(
-            image.rootfs, Path(tmp), env=builder.chroot_env(), apt_conf=_host_apt_overrides(), ca_bundle=None,
+            image.rootfs, Path(tmp), env=context.env, apt_conf=context.apt_conf, ca_bundle=None,
             log=lambda _line: None,
         )  # fmt: skip
         seconds = time.monotonic() - started
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--staging-mb", type=int, default=100)
     parser.add_argument("--export", action="store_true")
     args = parser.parse_args()
-    qdisk = ensure_qcow2_image("desktop")
+    qdisk = disk.ensure_export("desktop")
     print(f"host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; accelerator: {launcher.kvm_status()[1]}")
     runtime.start(spec(qdisk, f"bench-q-warm-{os.getpid()}", True))  # the saved state, made once if missing
     runtime.stop(f"bench-q-warm-{os.getpid()}")

@@ -10,6 +10,7 @@ import pytest
 from ale_iac import images
 from ale_iac.profile import load_profile_file
 from ale_iac.provision import ensure_images
+from ale_iac.substrates.qemu import disk
 
 
 def _profile(tmp_path: Path, routes: str) -> Path:
@@ -31,7 +32,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             log(f"building {name}")
 
     monkeypatch.setattr(images, "build_image", build)
-    monkeypatch.setattr(images, "ensure_qcow2_image", lambda name, **_: asked.append(f"qcow2:{name}"))
+    monkeypatch.setattr(disk, "ensure_export", lambda name, _log: asked.append(f"qcow2:{name}"))
     return asked
 
 

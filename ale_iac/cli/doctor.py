@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ale_iac import hostcheck
 from ale_iac.errors import AleIacError
-from ale_iac.substrates.local.runtime import host_checks as local_host_checks
+from ale_iac.substrates import registry
 
 
 def doctor() -> None:
@@ -63,20 +63,18 @@ def doctor() -> None:
 
 
 def substrate_rows(problems: list[str]) -> list[tuple[str, str, str]]:
-    """(check, ok mark, detail) of every substrate, one row per fact; what `local` cannot run without is
-    added to ``problems``."""
+    """(check, ok mark, detail) of every substrate, one row per fact (``Substrate.host_checks``); what a
+    substrate cannot run without is added to ``problems``."""
     from ale_iac.images import find_image, find_published
 
     rows = []
-    for check in local_host_checks():  # the very list the local runtime enforces (limits: what it records)
-        mark = "yes" if check.ok else "[red]no[/red]" if check.required else "[yellow]no[/yellow]"
-        detail = check.detail if check.ok or check.required else f"{check.detail} (not applied; to change: {check.fix})"
-        rows.append((f"local: {check.name}", mark, detail))
-        if check.required and not check.ok:
-            problems.append(f"local sandboxes need {check.name}: {check.detail} ({check.fix})")
-    # The docker and qemu substrates' own rows below say more of their engine and tools than these would.
+    for substrate in registry.all_substrates():
+        for check in substrate.host_checks():
+            mark = "yes" if check.ok else "[red]no[/red]" if check.required else "[yellow]no[/yellow]"
+            rows.append((f"{substrate.name}: {check.name}", mark, check.detail))
+            if check.required and not check.ok:
+                problems.append(f"{substrate.name} sandboxes need {check.name}: {check.detail}")
     rows += [(c.name, "yes" if c.ok else "no", c.detail) for c in hostcheck.other_substrate_checks()]
-    rows += [(name, "yes" if ok else "no", detail) for name, ok, detail in (*_docker_rows(), *_qemu_rows())]
     image = find_image("desktop")
     published = find_published("desktop") if image is None else None
     rows.append(
@@ -117,59 +115,6 @@ def agent_cli_rows() -> list[tuple[str, bool, str]]:
         else:
             rows.append((name, False, f"{pinned}: npm is not on PATH to install it (apt-get install npm)"))
     return rows
-
-
-def _qemu_rows() -> list[tuple[str, bool, str]]:
-    """The ``qemu`` profile's needs: QEMU, the accelerator it will use (KVM when usable, else TCG), the
-    desktop image's qcow2 export."""
-    from ale_iac.substrates.qemu import runtime as qemu_runtime
-
-    rows = qemu_runtime.host_checks()
-    try:
-        from ale_iac.images import require_image
-        from ale_iac.substrates.qemu.disk import find_export
-
-        export = find_export(require_image("desktop").path)
-        detail = str(export.disk) if export else "not exported yet (ale-iac images build desktop --export qcow2)"
-        rows.append(("qemu: disk", export is not None, detail))
-    except AleIacError as exc:
-        rows.append(("qemu: disk", False, str(exc)))
-    return rows
-
-
-def _docker_rows() -> list[tuple[str, bool, str]]:
-    """The ``docker`` profile's needs: an engine that answers, the host firewall its units rely on, and the
-    desktop image exported into the engine (made on first use if missing). Not needed by `local`."""
-    from ale_iac.substrates.docker import runtime as docker_runtime
-
-    try:
-        client = docker_runtime.client(timeout=10)
-    except AleIacError as exc:
-        return [("docker: engine", False, str(exc))]
-    try:
-        version = client.version()
-        info = client.info()
-        rows = [
-            (
-                "docker: engine",
-                True,
-                f"server {version.get('Version')}, {info.get('Driver')}, cgroup v{info.get('CgroupVersion')}, "
-                f"{len(docker_runtime.list_sandboxes(client))} unit container(s) of this home",
-            )
-        ]
-        ok, detail = docker_runtime.firewall_status()
-        rows.append(("docker: unit firewall", ok, detail if ok else f"{detail} (added on the first unit create)"))
-        try:
-            from ale_iac.images import _docker_has, docker_image_tag, require_image
-
-            tag = docker_image_tag(require_image("desktop"))
-            present = _docker_has(client, tag)
-            rows.append(("docker: image", present, tag if present else f"{tag} not exported yet (made on first use)"))
-        except AleIacError as exc:
-            rows.append(("docker: image", False, str(exc)))
-        return rows
-    finally:
-        client.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -35,20 +35,22 @@ def build(
     ] = None,
 ) -> None:
     """Build an image (debootstrap + its setup phases), or reuse the cached build of the same recipe."""
-    from ale_iac.images import EXPORT_TARGETS, build_image, export_image
+    from ale_iac.images import build_image
+    from ale_iac.substrates import registry
 
     started = time.monotonic()
 
     def log(line: str) -> None:
         typer.echo(f"{time.monotonic() - started:7.1f}s  {line}", err=True)
 
-    unknown = sorted(set(export or []) - set(EXPORT_TARGETS))
+    targets = registry.export_targets()
+    unknown = sorted(set(export or []) - set(targets))
     if unknown:
-        raise typer.BadParameter(f"unknown export target(s) {unknown} (known: {', '.join(EXPORT_TARGETS)})")
-    image = build_image(name, force=force, log=log, verbose=verbose)
+        raise typer.BadParameter(f"unknown export target(s) {unknown} (known: {', '.join(targets)})")
+    image = build_image(name, force=force, log=log, verbose=verbose, users_of=registry.units_on_image)
     typer.echo(str(image.path))
     for target in export or []:
-        typer.echo(export_image(name, target, log=log))
+        typer.echo(registry.export_image(name, target, log=log))
 
 
 @images_app.command("ls")

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
-from ale_iac import images, procs
+from ale_iac import docker_engine, images, procs
 from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind
 from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, UnitOutputs
@@ -290,7 +290,7 @@ class DockerExecutor(HostWorkDir):
         image = await asyncio.to_thread(images.require_image, IMAGE)
         tag = await asyncio.to_thread(images.ensure_docker_image, IMAGE, log.info)
         bundle = await asyncio.to_thread(ensure_bundle, _python_version(image.rootfs), log.info)
-        client = await asyncio.to_thread(images.docker_client)
+        client = await asyncio.to_thread(docker_engine.client)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         run = _Run(client=client, sockdir=Path(tempfile.mkdtemp(prefix="ale-iac-docker-", dir=_private_tmp())))
         try:
@@ -469,7 +469,7 @@ class DockerExecutor(HostWorkDir):
 def _wait(container_id: str, timeout_s: float) -> int:
     """The container's exit code, once it has exited (or is gone: the engine answers then too). A
     client of its own: a connection blocked in this wait is not shared with anything else."""
-    client = images.docker_client(timeout=timeout_s)
+    client = docker_engine.client(timeout=timeout_s)
     try:
         answer = client.api.wait(container_id)
     finally:
@@ -517,9 +517,11 @@ def _float(text: str) -> float | None:
 
 
 def containers_of_this_home(client: DockerClient) -> list[LeftContainer]:
-    """Every container (running or not) this ale-iac home's docker executors made."""
+    """Every container (running or not) this ale-iac home's docker executors made: those that record their
+    runner (the substrates' containers carry this home's label too, but no runner)."""
     found = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_HOME}={home_id()}"}):
+    mine: dict[str, str | list[str] | bool] = {"label": [f"{LABEL_HOME}={home_id()}", LABEL_OWNER_PID]}
+    for container in client.containers.list(all=True, filters=mine):
         labels = container.labels
         found.append(
             LeftContainer(

@@ -43,6 +43,8 @@ from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
 from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
+from ale_iac.substrates import registry
+from ale_iac.substrates.base import Capability
 from ale_iac.task import shell_quote
 
 _q = shell_quote
@@ -92,12 +94,11 @@ class SandboxExecutor(HostWorkDir):
 
     def model_access(self) -> ModelAccess:
         grant = self._grant()
+        why = "an in-sandbox agent reaches its model through it; run the agent with executor: docker or local"
+        registry.require_of(self.sandbox, Capability.HOST_CHANNEL, why)
         channel = self.sandbox.gateway_channel
         if channel is None:
-            raise AleIacError(
-                f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no gateway channel, so an "
-                "in-sandbox agent cannot reach its model there; run it with executor: docker or local"
-            )
+            raise AleIacError(f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no gateway channel")
         return grant.access(channel.sandbox_url)
 
     def cli(self, name: str) -> str:

@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ale_iac import clock
 from ale_iac.contract import SandboxPaths, UnitOutputs
 from ale_iac.contract import paths_for as contract_paths_for
 
@@ -131,14 +132,12 @@ class Expiry:
 
     @property
     def iso(self) -> str:
-        return self.at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return clock.iso_seconds(self.at)
 
 
 def expiry_for(ttl_hours: float) -> Expiry:
     """Deploy time (per :func:`now`, floored to the minute) plus the TTL."""
-    ttl_seconds = max(60, round(ttl_hours * 3600))
-    start = now().astimezone(UTC).replace(second=0, microsecond=0)
-    return Expiry(at=start + timedelta(seconds=ttl_seconds), ttl_seconds=ttl_seconds)
+    return Expiry(at=clock.expires_at(ttl_hours, now()), ttl_seconds=clock.ttl_seconds(ttl_hours))
 
 
 def parse_expiry_label(value: str) -> datetime | None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ale_iac.contract import UNITS_OUTPUT, UnitSpec
 from ale_iac.errors import ConfigError
 from ale_iac.profile import PROVIDER_KINDS, Profile
+from ale_iac.substrates import registry
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,12 @@ class ProviderModule(Protocol):
 
 
 def provider_module(kind: str) -> ProviderModule:
-    """The module that declares units of provider ``kind``: ``ale_iac.infra.<kind>``."""
+    """The module that declares units of provider ``kind``: ``ale_iac.infra.host_units`` for a host substrate,
+    ``ale_iac.infra.<kind>`` for the others (the clouds, static endpoints)."""
     if kind not in PROVIDER_KINDS:
         raise ConfigError("profile", "provider", f"unknown provider kind {kind!r} (one of {', '.join(PROVIDER_KINDS)})")
-    module: ProviderModule = importlib.import_module(f"ale_iac.infra.{kind}")
+    name = "host_units" if registry.is_substrate(kind) else kind
+    module: ProviderModule = importlib.import_module(f"ale_iac.infra.{name}")
     return module
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import pulumi
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
+from ale_iac.substrates import registry
+
 STACK_TYPE = "pulumi:pulumi:Stack"
 
 
@@ -238,19 +240,24 @@ def _ecs(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
     outputs["publicIp"] = mocks.address(name, "publicIp", public=True) if public else ""
 
 
-def _local(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
-    """What LocalSandboxProvider.create would add: the sandbox id and its loopback endpoint."""
+def _host_unit(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
+    """What a host substrate's create would add (``HostUnitProvider``): the sandbox id and its loopback endpoint,
+    and a value of its type for every other output its state model requires (empty, zero, false)."""
     port = 40000 + hashlib.sha256(name.encode()).digest()[0] * 64
     outputs["sandbox_id"] = f"{outputs.get('name_prefix', name)}-mock"
     outputs["host_port"] = port
     outputs["endpoint"] = "<endpoint>" if mocks.symbolic_addresses else f"http://127.0.0.1:{port}"
     outputs["endpoint_token"] = "<token>" if mocks.symbolic_addresses else f"mock-token-{name}-0123456789"
+    state_model = registry.get(str(outputs["substrate"])).state_model
+    for key, info in state_model.model_fields.items():
+        if outputs.get(key) is None and info.is_required():
+            outputs[key] = info.annotation() if isinstance(info.annotation, type) else None
 
 
 _COMPUTED: dict[str, Callable[[RecordingMocks, str, dict[str, Any]], None]] = {
-    "pulumi-python:dynamic/ale:LocalSandbox": _local,
     "gcp:compute/instance:Instance": _gce,
     "gcp:compute/instanceFromMachineImage:InstanceFromMachineImage": _gce,
     "aws:ec2/instance:Instance": _ec2,
     "alicloud:ecs/instance:Instance": _ecs,
+    **{f"pulumi-python:dynamic/ale:{registry.get(kind).resource_type}": _host_unit for kind in registry.names()},
 }

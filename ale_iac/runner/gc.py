@@ -5,17 +5,15 @@
   quarantine (``ale_iac.filebackend``), so that what follows can read the backend;
 * ephemeral ``run-*`` stacks of this home that no live run claims (the run was killed, even with
   SIGKILL) — not the ones a run retained on purpose, nor other homes' (a shared backend);
-* local sandboxes whose stack is gone or no longer lists them (a create killed before Pulumi
-  recorded it);
+* units of the host substrates (``ale_iac.substrates.registry``) whose stack is gone or no longer lists
+  them (a create killed before Pulumi recorded it), and what a substrate made that no unit owns any more:
+  ``docker`` networks and volumes of units whose container is gone, ``qemu`` runner containers and
+  saved-state boots whose saver was killed;
 * cloud units whose ``expires_at`` has passed are listed (their cloud-side TTL reaps the VMs; the
   stack record is destroyed with ``--expired``);
 * work dirs of dead processes and registry files of finished runs;
 * containers of the ``docker`` executor made by this home whose runner process is gone (a runner
-  killed before it could remove them), when a Docker engine answers;
-* ``docker`` unit containers of this home (found by their ``ale-iac.sandbox`` label) that no stack
-  lists, and the networks and volumes of units whose container is gone (a create killed half-way);
-* ``qemu`` unit guests of this home (their folders under ``$ALE_IAC_HOME/qemu``) that no stack lists,
-  with their QEMU, overlay and sockets, and saved-state boots whose saver was killed.
+  killed before it could remove them), when a Docker engine answers.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.run_claims import read_claims, runs_dir
+from ale_iac.substrates import registry
 
 
 @dataclass
@@ -102,9 +101,7 @@ def collect(
         except AleIacError as exc:
             report.errors.append(f"{name}: {exc}")
 
-    _collect_local_sandboxes(engine, read_units, existing, set(live), dry_run, report)
-    _collect_docker_units(engine, read_units, existing, set(live), dry_run, report)
-    _collect_qemu_units(engine, read_units, existing, set(live), dry_run, report)
+    _collect_substrate_units(engine, read_units, existing, set(live), dry_run, report)
     collect_containers(dry_run=dry_run, report=report)
     report.warm_bridges_removed = [str(folder) for folder in sweep_stale_bridges(dry_run=dry_run)]
     report.private_dirs_removed = [str(folder) for folder in sweep_private_dirs(dry_run=dry_run)]
@@ -180,11 +177,11 @@ def _check_expiry(
 
 
 def _accounted_for(
-    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], provider: str
-) -> tuple[set[str], set[str]]:
-    """The resource ids of ``provider`` units that stacks list, and the stacks to leave alone: claimed
-    by a live run, being changed right now (locked by a live CLI), or unreadable."""
-    referenced: set[str] = set()
+    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str]
+) -> tuple[dict[str, set[str]], set[str]]:
+    """The resource ids that stacks list, by provider kind, and the stacks to leave alone: claimed by a live
+    run, being changed right now (locked by a live CLI), or unreadable."""
+    referenced: dict[str, set[str]] = {}
     busy: set[str] = set(live)
     for stack in existing:
         if engine.is_locked(stack):
@@ -194,83 +191,29 @@ def _accounted_for(
         if units is None:
             busy.add(stack)
             continue
-        referenced |= {u.resource_id for u in units.values() if u.provider == provider}
+        for unit in units.values():
+            referenced.setdefault(unit.provider, set()).add(unit.resource_id)
     return referenced, busy
 
 
-def _collect_local_sandboxes(
+def _collect_substrate_units(
     engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
 ) -> None:
-    """Stop local sandboxes nothing accounts for. A sandbox whose stack is claimed by a live run or
-    is being changed right now (locked by a live CLI) may be mid-create, so it is left alone."""
-    from ale_iac.substrates.local import runtime as local_runtime
-
-    referenced, busy = _accounted_for(engine, read_units, existing, live, "local")
-    for state in local_runtime.list_sandboxes():
-        if state.sandbox_id in referenced or state.labels.get("stack") in busy:
-            continue
-        if dry_run:
-            report.sandboxes_stopped.append(state.sandbox_id)
-            continue
-        try:
-            local_runtime.stop(state.sandbox_id)
-            report.sandboxes_stopped.append(state.sandbox_id)
-        except Exception as exc:
-            report.errors.append(f"sandbox {state.sandbox_id}: {exc}")
-
-
-def _collect_docker_units(
-    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
-) -> None:
-    """Remove ``docker`` unit containers (with their networks and volumes) that no stack lists, as for
-    local sandboxes; a unit of a stack that a live run claims or a live CLI is changing is left alone."""
-    from ale_iac.substrates.docker import runtime as docker_runtime
-
-    try:
-        client = docker_runtime.client(timeout=30)
-    except AleIacError:
-        return
-    try:
-        referenced, busy = _accounted_for(engine, read_units, existing, live, "docker")
-        stack_label = f"{docker_runtime.LABEL}stack"
-        candidates = {unit.sandbox_id: unit.labels for unit in docker_runtime.list_sandboxes(client)}
-        candidates.update(docker_runtime.orphan_objects(client))
-        stale = {
-            sandbox_id
-            for sandbox_id, labels in candidates.items()
-            if sandbox_id not in referenced and labels.get(stack_label) not in busy
-        }
-        for sandbox_id in sorted(stale):
-            stop = functools.partial(docker_runtime.stop, sandbox_id, client)
-            _remove(stop, f"docker unit {sandbox_id}", sandbox_id, report.sandboxes_stopped, dry_run, report)
-    finally:
-        client.close()
-
-
-def _collect_qemu_units(
-    engine: Engine, read_units: _UnitsReader, existing: set[str], live: set[str], dry_run: bool, report: GcReport
-) -> None:
-    """Stop ``qemu`` unit guests that no stack lists (as for local sandboxes), remove runner containers
-    whose unit folder is gone, and the folders of saved-state boots nobody holds the lock of (their saver
-    was killed)."""
-    from ale_iac.substrates.qemu import launcher as qemu_launcher
-    from ale_iac.substrates.qemu import runtime as qemu_runtime
-    from ale_iac.substrates.qemu import saved as qemu_saved
-
-    referenced, busy = _accounted_for(engine, read_units, existing, live, "qemu")
-    for info in qemu_runtime.list_sandboxes():
-        if info.sandbox_id in referenced or info.labels.get("stack") in busy:
-            continue
-        sandbox_id = info.sandbox_id
-        stop = functools.partial(qemu_runtime.stop, sandbox_id)
-        _remove(stop, f"qemu unit {sandbox_id}", sandbox_id, report.sandboxes_stopped, dry_run, report)
-    for name in qemu_launcher.orphan_containers():
-        remove_container = functools.partial(qemu_launcher.remove_container_named, name)
-        _remove(remove_container, f"qemu runner container {name}", name, report.containers_removed, dry_run, report)
-    for build in qemu_saved.stale_builds():
-        remove_build = functools.partial(qemu_saved.remove_build, build)
-        what = f"qemu saved-state boot {build.name}"
-        _remove(remove_build, what, build.name, report.sandboxes_stopped, dry_run, report)
+    """Destroy the units of every host substrate that no stack lists (a create killed before Pulumi recorded
+    it, a stack removed behind ale-iac's back), then what the substrates made that no unit owns any more. A
+    unit of a stack that a live run claims, or that a live CLI is changing, may be mid-create: left alone."""
+    referenced, busy = _accounted_for(engine, read_units, existing, live)
+    for substrate in registry.all_substrates():
+        listed = referenced.get(substrate.name, set())
+        for unit in substrate.units():
+            if unit.sandbox_id in listed or unit.stack in busy:
+                continue
+            destroy = functools.partial(substrate.destroy, unit.sandbox_id, None)
+            what = f"{substrate.name} unit {unit.sandbox_id}"
+            _remove(destroy, what, unit.sandbox_id, report.sandboxes_stopped, dry_run, report)
+        for left in substrate.leftovers():
+            done = report.containers_removed if left.kind == "container" else report.sandboxes_stopped
+            _remove(left.remove, left.what, left.name, done, dry_run, report)
 
 
 def _remove(
@@ -290,20 +233,16 @@ def collect_containers(*, dry_run: bool, report: GcReport) -> None:
     """Remove this home's ``docker`` executor containers whose runner is gone. A container records its
     runner as a pid and that pid's start time (labels), so a recycled pid is not taken for it; while
     the runner lives, its containers are its own to remove. Without an engine there is nothing to do."""
+    from ale_iac.docker_engine import client as docker_client
     from ale_iac.executors import docker as docker_executor
-    from ale_iac.images import docker_client
 
     try:
         client = docker_client(timeout=30)
     except AleIacError:
         return
     try:
-        from ale_iac.substrates.docker import runtime as docker_runtime
-
-        # Unit containers carry this home's label too; they are the stacks' to remove (above), not these.
-        units = {unit.container_id for unit in docker_runtime.list_sandboxes(client)}
         for container in docker_executor.containers_of_this_home(client):
-            if container.owner_alive or container.id in units:
+            if container.owner_alive:
                 continue
             remove = functools.partial(docker_executor.remove_container, client, container.id)
             what = f"container {container.name}"

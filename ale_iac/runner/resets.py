@@ -1,17 +1,17 @@
 """How a pool unit gets back to its image's clean state between leases: the ``reset`` of its route.
 
-* ``restore`` (the default of ``local``, ``docker`` and ``qemu``): the unit's substrate remakes it under the
-  same sandbox id, so the same Pulumi resource: ``local`` a fresh sandbox (disk, processes, display),
-  ``docker`` a new container with new volumes and a new network, ``qemu`` a guest restored from the saved
-  memory state onto a fresh overlay. Each gets a new endpoint port and token, which
-  :func:`ale_iac.engine.live_outputs` reads from the substrate.
+* ``restore`` (the default of the host substrates): the unit's substrate remakes it under the same sandbox
+  id, so the same Pulumi resource (``Substrate.reset``: ``local`` a fresh sandbox, ``docker`` a new container
+  with new volumes and a new network, ``qemu`` a guest restored from the saved memory state onto a fresh
+  overlay). Each gets a new endpoint port and token, which :func:`ale_iac.engine.live_outputs` reads from the
+  substrate.
 * ``recreate`` (the default of the cloud kinds; any host kind can ask for it): the pool stack replaces the
   unit's resources (``reset_urns`` of its outputs: a VM, a container, a sandbox) through the real engine,
   ``pulumi up --replace URN --target URN``, run with the pool's own program (:func:`pool_project`). The new
   resource has new outputs (endpoint, token, resource id); a lease of such a unit reads them from the stack.
 * ``none`` (``static``, or a route that says so): leased as it is.
 
-A stack made before units carried ``reset`` gets its provider kind's restore where there is one.
+A stack made before units carried ``reset`` gets its substrate's restore where there is one.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from ale_iac.engine import Engine, StackLockedError, live_outputs
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home, project_root
 from ale_iac.runner import leases
-from ale_iac.substrates.docker import runtime as docker_runtime
-from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.qemu import runtime as qemu_runtime
+from ale_iac.substrates import registry
+from ale_iac.substrates.base import Capability
 
 Reset = Callable[[UnitOutputs], UnitOutputs]
 """Resets a unit; returns its handle then (new endpoint and token)."""
@@ -42,38 +41,30 @@ RECREATE_LOCK_WAIT_S = 1800.0
 _LOCK_POLL_S = 2.0
 
 
-def _reset_local(unit: UnitOutputs) -> UnitOutputs:
-    local_runtime.reset(unit.resource_id)
+def restore(unit: UnitOutputs) -> UnitOutputs:
+    """A fresh unit under the same id from its substrate (:attr:`Capability.RESTORE`); returns its handle then."""
+    substrate = registry.require_of(unit, Capability.RESTORE, f"unit {unit.unit} is reset by 'restore'")
+    substrate.reset(unit.resource_id)
     return live_outputs(unit)
 
 
-def _reset_docker(unit: UnitOutputs) -> UnitOutputs:
-    docker_runtime.reset(unit.resource_id)
-    return live_outputs(unit)
-
-
-def _reset_qemu(unit: UnitOutputs) -> UnitOutputs:
-    qemu_runtime.reset(unit.resource_id)
-    return live_outputs(unit)
-
-
-UNIT_RESETS: dict[str, Reset] = {"local": _reset_local, "docker": _reset_docker, "qemu": _reset_qemu}
-"""``restore`` per provider kind: a fresh sandbox, container or guest under the same id. Other kinds have
-none (a cloud VM cannot be restored in place: ``recreate`` it)."""
+def _can_restore(unit: UnitOutputs) -> bool:
+    substrate = registry.of_unit(unit)
+    return substrate is not None and Capability.RESTORE in substrate.capabilities
 
 
 def mode_of(unit: UnitOutputs) -> ResetMode:
-    """The unit's reset: what its route declared, else (an older stack) its kind's restore if it has one."""
+    """The unit's reset: what its route declared, else (an older stack) its substrate's restore if it has one."""
     if unit.reset is not None:
         return unit.reset
-    return "restore" if unit.provider in UNIT_RESETS else "none"
+    return "restore" if _can_restore(unit) else "none"
 
 
 def reset_of(stack: str, unit: UnitOutputs) -> Reset | None:
     """How to reset ``unit`` of pool ``stack``; None when it is leased as it is."""
     mode = mode_of(unit)
     if mode == "restore":
-        return UNIT_RESETS.get(unit.provider)
+        return restore
     if mode == "recreate":
         return functools.partial(recreate, stack)
     return None

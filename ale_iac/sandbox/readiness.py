@@ -16,6 +16,7 @@ import httpx
 
 from ale_iac.errors import AleIacError
 from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates import registry
 
 
 class SandboxNotReadyError(AleIacError):
@@ -74,14 +75,7 @@ async def wait_ready(handle: SandboxHandle, timeout_s: float, *, min_poll_s: flo
 
 
 def sandbox_logs(handle: SandboxHandle) -> str:
-    """The tails of the sandbox's own logs (supervisor, init, computer-server) where this host has
-    them: a not-ready sandbox usually says why in its server log."""
-    if handle.provider != "local":
-        return ""
-    from ale_iac.substrates.local import runtime
-
-    try:
-        state = runtime.load_state(handle.resource_id)
-    except runtime.SandboxError:
-        return ""
-    return runtime.log_tails(state) if state is not None else ""
+    """The tails of the sandbox's own logs where this host has them (its substrate's): a not-ready sandbox
+    usually says why in its server log."""
+    substrate = registry.of_unit(handle)
+    return substrate.log_tails(handle) if substrate is not None else ""

@@ -26,9 +26,9 @@ import yaml
 
 from ale_iac.agent_sdk import AgentConfig, AgentRunResult, CliInstall, ModelGrant, load_deployer_class
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
+from ale_iac.docker_engine import client as docker_client
 from ale_iac.executors import docker as docker_executor
 from ale_iac.executors.docker import DockerExecutor
-from ale_iac.images import docker_client
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.llm.plan import Plan
 from ale_iac.llm.scripted import ScriptedModelServer

@@ -12,10 +12,11 @@ import yaml
 
 from ale_iac.agent_sdk import AgentConfig, CliInstall, ModelGrant
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
+from ale_iac.docker_engine import client as docker_client
 from ale_iac.errors import AleIacError
 from ale_iac.executors.docker import DockerExecutor, _python_version
 from ale_iac.executors.entry import MODEL_TOKEN_SECRET
-from ale_iac.images import docker_client, ensure_docker_image
+from ale_iac.images import ensure_docker_image
 from ale_iac.runner.records import REDACTED, Redactor
 from ale_iac.sandbox.handle import SandboxHandle
 

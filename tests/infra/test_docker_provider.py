@@ -17,13 +17,16 @@ from pulumi.dynamic.dynamic import serialize_provider
 from ale_iac.contract import LINUX_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
 from ale_iac.images import ImageInfo
 from ale_iac.infra import DeclareContext
-from ale_iac.infra.docker import INPUT_KEYS, DockerSandboxProvider, declare_unit
+from ale_iac.infra.docker import DockerSandboxProvider
+from ale_iac.infra.host_units import declare_unit
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import DockerRoute, resolve_profile
 from ale_iac.substrates.docker import runtime
+from ale_iac.substrates.docker.substrate import DockerInputs
 from tests.support.sandbox import Endpoint, run, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
+INPUT_KEYS = tuple(DockerInputs.model_fields)
 
 
 def test_the_shipped_docker_profile_routes_to_the_docker_provider() -> None:

@@ -18,19 +18,16 @@ from ale_iac.contract import LINUX_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
 from ale_iac.images import ImageInfo
 from ale_iac.infra import DeclareContext
-from ale_iac.infra.local import (
-    INPUT_KEYS,
-    LocalSandboxProvider,
-    declare_unit,
-    name_prefix,
-    new_sandbox_id,
-)
+from ale_iac.infra.host_units import HostUnitProvider, declare_unit, name_prefix, new_sandbox_id
+from ale_iac.infra.local import LocalSandboxProvider
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import LocalRoute
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.substrate import LocalInputs
 from tests.support.sandbox import Endpoint, run, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
+INPUT_KEYS = tuple(LocalInputs.model_fields)
 
 
 def provider_props(image: ImageInfo, **overrides: Any) -> dict[str, Any]:
@@ -43,8 +40,8 @@ def provider_props(image: ImageInfo, **overrides: Any) -> dict[str, Any]:
         "allow_outbound": False,
         "vcpus": None,
         "memory_gb": None,
-        "disk_gb": None,
-        "pids_limit": None,
+        "disk_gb": 16,
+        "pids_limit": 4096,
         "labels": {"stack": "pytest", "unit": "unit0", "profile": "local"},
     }
     props.update(overrides)
@@ -88,9 +85,17 @@ def test_any_input_change_replaces() -> None:
         assert result.delete_before_replace is False
 
 
-def test_provider_pickles_by_reference_in_a_fresh_process() -> None:
+@pytest.mark.parametrize(
+    ("provider", "path"),
+    [
+        (HostUnitProvider(), "ale_iac.infra.host_units.HostUnitProvider"),
+        # The path a stack made before one provider served every substrate has in its state.
+        (LocalSandboxProvider(), "ale_iac.infra.local.LocalSandboxProvider"),
+    ],
+)
+def test_provider_pickles_by_reference_in_a_fresh_process(provider: HostUnitProvider, path: str) -> None:
     """What the engine's provider process does: dill.loads the provider from the resource state."""
-    payload = serialize_provider(LocalSandboxProvider())
+    payload = serialize_provider(provider)
     code = textwrap.dedent(
         """
         import base64, sys, dill
@@ -102,7 +107,7 @@ def test_provider_pickles_by_reference_in_a_fresh_process() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True, cwd="/"
     )
-    assert result.stdout.strip() == "ale_iac.infra.local.LocalSandboxProvider"
+    assert result.stdout.strip() == path
     assert len(payload) < 400, "the provider must pickle by reference, not by value"
 
 
@@ -181,8 +186,8 @@ def test_create_and_delete_called_directly(desktop_image: ImageInfo) -> None:
 @pytest.mark.sandbox
 def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_image: ImageInfo) -> None:
     """Like the engine's provider process: unpickle the provider, create, then delete a sandbox."""
-    payload = serialize_provider(LocalSandboxProvider())
-    props = provider_props(desktop_image, name_prefix="pytest-dill")
+    payload = serialize_provider(HostUnitProvider())
+    props = {**provider_props(desktop_image, name_prefix="pytest-dill"), "substrate": "local"}
     code = textwrap.dedent(
         """
         import base64, json, sys, dill

@@ -20,13 +20,16 @@ from ale_iac.contract import LINUX_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
 from ale_iac.errors import ConfigError
 from ale_iac.images import ImageInfo
 from ale_iac.infra import DeclareContext
+from ale_iac.infra.host_units import declare_unit
 from ale_iac.infra.mocks import RecordingMocks, install
-from ale_iac.infra.qemu import INPUT_KEYS, QemuSandboxProvider, declare_unit
+from ale_iac.infra.qemu import QemuSandboxProvider
 from ale_iac.profile import QemuRoute, parse_profile, resolve_profile
 from ale_iac.substrates.qemu import runtime
+from ale_iac.substrates.qemu.substrate import QemuInputs
 from tests.support.sandbox import Endpoint, cmd, run, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
+INPUT_KEYS = tuple(QemuInputs.model_fields)
 
 
 def test_the_shipped_qemu_profile_routes_to_the_qemu_provider() -> None:

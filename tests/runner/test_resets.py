@@ -36,9 +36,9 @@ def _unit(provider: str = "local", **fields: Any) -> UnitOutputs:
 
 def test_restore_is_the_kind_s_substrate_reset() -> None:
     for kind in ("local", "docker", "qemu"):
-        assert resets.reset_of("pool", _unit(kind, reset="restore")) is resets.UNIT_RESETS[kind]
-        # A stack made before units said how: the kind's restore.
-        assert resets.reset_of("pool", _unit(kind)) is resets.UNIT_RESETS[kind]
+        assert resets.reset_of("pool", _unit(kind, reset="restore", managed=True)) is resets.restore
+        # A stack made before units said how: the substrate's restore.
+        assert resets.reset_of("pool", _unit(kind, managed=True)) is resets.restore
     assert resets.reset_of("pool", _unit("local", reset="none")) is None
     assert resets.reset_of("pool", _unit("static", managed=False)) is None
     assert resets.reset_of("pool", _unit("gcloud")) is None  # an old cloud stack: no URN to replace

@@ -232,8 +232,8 @@ def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
 
 
 def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
-    from ale_iac.images import ensure_qcow2_image
     from ale_iac.substrates.qemu import runtime as qemu_runtime
+    from ale_iac.substrates.qemu.disk import ensure_export as ensure_qcow2_image
 
     disk = ensure_qcow2_image(desktop_image.name)
     spec = qemu_runtime.QemuSandboxSpec(

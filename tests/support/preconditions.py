@@ -108,8 +108,8 @@ def _start_docker_engine() -> str | None:
     import subprocess
     from pathlib import Path
 
+    from ale_iac.docker_engine import client as docker_client
     from ale_iac.errors import AleIacError
-    from ale_iac.images import docker_client
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "dockerd.sh"
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
@@ -128,8 +128,8 @@ def _docker() -> str | None:
     whichever worker, finds the engine up (the check runs before any of its fixtures)."""
     import shutil
 
+    from ale_iac.docker_engine import client as docker_client
     from ale_iac.errors import AleIacError
-    from ale_iac.images import docker_client
 
     failed = []
     try:

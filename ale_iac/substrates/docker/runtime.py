@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
+from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
@@ -103,7 +104,6 @@ PUBLISH: dict[str, Any] = {f"{PROXY_PORT}/tcp": ("127.0.0.1", None)}
 SUBNET_POOL = ipaddress.ip_network("10.213.0.0/16")
 SUBNET_PREFIX = 28
 _SUBNET_TRIES = 16
-START_HINT = "start it: scripts/dockerd.sh (as root; scripts/setup.sh installs the engine)"
 _CHUNK = 1 << 20
 
 
@@ -181,23 +181,6 @@ class DockerSandboxInfo:
     name: str
     status: str
     labels: dict[str, str]
-
-
-def client(timeout: float = 60.0) -> DockerClient:
-    """A client of the local engine (``DOCKER_HOST`` or the default socket) that has answered a ping."""
-    import docker
-    from docker.errors import DockerException
-
-    try:
-        engine = docker.from_env(timeout=int(timeout))
-    except DockerException as exc:
-        raise DockerSubstrateError(f"the Docker engine is not reachable ({exc}); {START_HINT}") from None
-    try:
-        engine.ping()
-    except DockerException as exc:
-        engine.close()
-        raise DockerSubstrateError(f"the Docker engine does not answer ({exc}); {START_HINT}") from None
-    return engine
 
 
 @contextlib.contextmanager

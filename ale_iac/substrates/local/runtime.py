@@ -1,6 +1,6 @@
 """Local sandboxes: an image's rootfs run in Linux namespaces on this host (no VM, no daemon).
 
-Standard library only (no Pulumi): the Pulumi dynamic provider in ``ale_iac.infra.local`` calls
+Standard library only (no Pulumi): the Pulumi dynamic provider in ``ale_iac.infra.host_units`` calls
 it, and so do ``ale-iac gc``, the image cache, the tests and the benchmarks.
 
 Shape of one sandbox (``start`` returns once all of this runs; it does not wait for the

@@ -186,3 +186,28 @@ def _remove(path: Path) -> None:
     if mounted:
         raise QemuDiskError(f"refusing to delete {path}: still mounted: {', '.join(mounted)}")
     shutil.rmtree(path)
+
+
+def ensure_export(name: str = "desktop", log: LogFn | None = None) -> QemuDisk:
+    """The built image ``name`` as a bootable qcow2 disk (:func:`export_qcow2`), made once per recipe and
+    guest-file hash."""
+    from ale_iac.images import export_context, require_image
+
+    existing = find_export(require_image(name).path)
+    if existing is not None:
+        return existing
+    context = export_context(name) if log is None else export_context(name, log)
+    return export_qcow2(
+        context.image.rootfs,
+        context.image.path,
+        env=context.env,
+        apt_conf=context.apt_conf,
+        ca_bundle=context.ca_bundle,
+        log=log or _stderr_log,
+    )
+
+
+def _stderr_log(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)

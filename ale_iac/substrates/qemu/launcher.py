@@ -142,7 +142,7 @@ def container_name(unit_dir: Path) -> str:
 def _run_container(image: str, unit_dir: Path, machine: Machine, args: list[str], labels: dict[str, str]) -> str:
     from docker.errors import DockerException
 
-    from ale_iac.substrates.docker.runtime import client
+    from ale_iac.docker_engine import client
 
     ro = {"mode": "ro"}
     volumes = {
@@ -217,7 +217,7 @@ def qemu_alive(pid: int | None, unit_dir: Path) -> bool:
 def container_running(unit_dir: Path) -> bool:
     from docker.errors import DockerException, NotFound
 
-    from ale_iac.substrates.docker.runtime import client
+    from ale_iac.docker_engine import client
 
     try:
         engine = client(timeout=30)
@@ -293,7 +293,7 @@ def orphan_containers() -> list[str]:
     empty when no engine answers."""
     from docker.errors import DockerException
 
-    from ale_iac.substrates.docker.runtime import client
+    from ale_iac.docker_engine import client
 
     try:
         engine = client(timeout=30)
@@ -313,7 +313,7 @@ def remove_container_named(name: str) -> bool:
     """Remove a runner container (running or not); True if it was there."""
     from docker.errors import DockerException, NotFound
 
-    from ale_iac.substrates.docker.runtime import client
+    from ale_iac.docker_engine import client
 
     engine = client(timeout=60)
     try:
@@ -345,7 +345,7 @@ def log_tail(launched: Launched, unit_dir: Path, lines: int = 10) -> str:
             text = (unit_dir / "qemu.log").read_text(errors="replace")
     else:
         with contextlib.suppress(Exception):
-            from ale_iac.substrates.docker.runtime import client
+            from ale_iac.docker_engine import client
 
             engine = client(timeout=30)
             try:

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ale_iac.images import ImageInfo, ensure_qcow2_image
+from ale_iac.images import ImageInfo
 from ale_iac.substrates.qemu import runtime
 from ale_iac.substrates.qemu.disk import QemuDisk
+from ale_iac.substrates.qemu.disk import ensure_export as ensure_qcow2_image
 from ale_iac.substrates.qemu.launcher import Runner, qemu_pids
 from tests.support.sandbox import Endpoint
 

@@ -1,0 +1,158 @@
+"""The ``local`` substrate: the image's rootfs run in Linux namespaces on this host (``runtime.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, SecretStr
+
+from ale_iac.contract import HostChannel, UnitOutputs, UnitSpec
+from ale_iac.images import require_image
+from ale_iac.profile import LocalRoute
+from ale_iac.substrates.base import (
+    Capability,
+    HostCheck,
+    HostUnit,
+    Limit,
+    LiveEndpoint,
+    Substrate,
+    UnitInputs,
+    UnitLimits,
+    UnitState,
+)
+from ale_iac.substrates.local import runtime
+
+
+class LocalInputs(UnitInputs):
+    rootfs: str
+    allow_outbound: bool = False
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    disk_gb: int = runtime.DEFAULT_DISK_GB
+    pids_limit: int = runtime.DEFAULT_PIDS_LIMIT
+
+
+class LocalState(UnitState):
+    supervisor_pid: int
+    state_dir: str
+    limits: list[Limit] = Field(default_factory=list)
+    gateway_socket: str = ""
+    gateway_url: str = ""
+
+
+class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
+    name: ClassVar[str] = "local"
+    resource_type: ClassVar[str] = "LocalSandbox"
+    inputs_model: ClassVar[type[UnitInputs]] = LocalInputs
+    state_model: ClassVar[type[UnitState]] = LocalState
+    folder_output: ClassVar[str] = "state_dir"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.HOST_CHANNEL, Capability.RESTORE, Capability.LIMITS}
+    )
+
+    def inputs_for(self, unit: UnitSpec, route: LocalRoute, name_prefix: str, labels: dict[str, str]) -> LocalInputs:
+        image = require_image(route.image)
+        shape = unit.shape.over(route.shape)
+        return LocalInputs(
+            name_prefix=name_prefix,
+            image=image.ref,
+            rootfs=str(image.rootfs),
+            screen_width=route.screen_width,
+            screen_height=route.screen_height,
+            labels=labels,
+            allow_outbound=route.allow_outbound,
+            vcpus=shape.vcpus,
+            memory_gb=shape.memory_gb,
+            disk_gb=shape.disk_gb or runtime.DEFAULT_DISK_GB,
+            pids_limit=route.pids_limit,
+        )
+
+    def extra_outputs(self, state: LocalState) -> dict[str, Any]:
+        if not state.gateway_socket:
+            return {}
+        return {"gateway_channel": HostChannel(host_socket=state.gateway_socket, sandbox_url=state.gateway_url)}
+
+    def units_on_image(self, rootfs: Path) -> list[str]:
+        target = str(rootfs.resolve())
+        return [
+            state.sandbox_id
+            for state in runtime.list_sandboxes()
+            if runtime.is_alive(state) and str(Path(state.rootfs).resolve()) == target
+        ]
+
+    def create(self, sandbox_id: str, inputs: LocalInputs) -> LocalState:
+        spec = runtime.LocalSandboxSpec(
+            sandbox_id=sandbox_id,
+            rootfs=inputs.rootfs,
+            screen_width=inputs.screen_width,
+            screen_height=inputs.screen_height,
+            allow_outbound=inputs.allow_outbound,
+            vcpus=inputs.vcpus,
+            memory_gb=inputs.memory_gb,
+            disk_gb=inputs.disk_gb,
+            pids_limit=inputs.pids_limit,
+            labels=dict(inputs.labels),
+        )
+        state = runtime.start(spec)
+        return LocalState(
+            sandbox_id=state.sandbox_id,
+            endpoint=state.endpoint,
+            endpoint_token=runtime.auth_token(state),
+            host_port=state.host_port,
+            supervisor_pid=state.supervisor_pid,
+            state_dir=state.state_dir,
+            limits=[Limit(**asdict(record)) for record in state.limits],
+            gateway_socket=state.gateway_socket,
+            gateway_url=state.gateway_url,
+        )
+
+    def exists(self, sandbox_id: str, home: Path | None) -> bool:
+        # A dead sandbox whose state dir remains still exists: destroy cleans it up.
+        return runtime.load_state(sandbox_id, home=home) is not None
+
+    def destroy(self, sandbox_id: str, home: Path | None) -> None:
+        runtime.stop(sandbox_id, home=home)
+
+    def reset(self, sandbox_id: str) -> None:
+        runtime.reset(sandbox_id)
+
+    def current(self, unit: UnitOutputs) -> LiveEndpoint | None:
+        state = runtime.load_state(unit.resource_id)
+        if state is None:
+            return None
+        return LiveEndpoint(endpoint=state.endpoint, endpoint_token=SecretStr(runtime.auth_token(state)))
+
+    def units(self) -> list[HostUnit]:
+        return [HostUnit(state.sandbox_id, state.labels.get("stack")) for state in runtime.list_sandboxes()]
+
+    def limits(self, unit: UnitOutputs) -> UnitLimits | None:
+        state = runtime.load_state(unit.resource_id)
+        if state is None:
+            return None
+        limits = [Limit(**asdict(record)) for record in state.limits]
+        return UnitLimits(limits=limits, oom_kills=runtime.oom_kills(state))
+
+    def log_tails(self, unit: UnitOutputs) -> str:
+        try:
+            state = runtime.load_state(unit.resource_id)
+        except runtime.SandboxError:
+            return ""
+        return runtime.log_tails(state) if state is not None else ""
+
+    def host_checks(self) -> list[HostCheck]:
+        # The very list the runtime enforces; a limit the host lacks is recorded, not refused.
+        return [
+            HostCheck(
+                name=check.name,
+                ok=check.ok,
+                detail=check.detail
+                if check.ok
+                else f"{check.detail} ({check.fix})"
+                if check.required
+                else f"{check.detail} (not applied; to change: {check.fix})",
+                required=check.required,
+            )
+            for check in runtime.host_checks()
+        ]
