@@ -93,9 +93,9 @@ class SandboxExecutor(HostWorkDir):
         )
 
     def model_access(self) -> ModelAccess:
-        grant = self._grant()
         why = "an in-sandbox agent reaches its model through it; run the agent with executor: docker or local"
         registry.require_of(self.sandbox, Capability.HOST_CHANNEL, why)
+        grant = self._grant()
         channel = self.sandbox.gateway_channel
         if channel is None:
             raise AleIacError(f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no gateway channel")
