@@ -120,27 +120,28 @@ def test_a_failed_start_leaves_nothing(qemu_disk: QemuDisk, tmp_path: Path) -> N
 
 
 @pytest.mark.engine
-def test_gc_stops_a_guest_no_stack_lists_and_a_killed_save(start_unit: StartFn) -> None:
+def test_gc_stops_a_guest_no_stack_lists_and_a_killed_save(
+    start_unit: StartFn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ale_iac.engine import Engine
     from ale_iac.runner.gc import collect
-    from ale_iac.substrates.qemu.saved import stale_builds, states_dir
+    from ale_iac.substrates.qemu import saved
 
     state = start_unit(labels={"stack": "run-gone-stack", "unit": "u0"})
-    killed_save = states_dir() / ".b-000000000000-999999"  # a saver killed before it started QEMU
+    # The saved states live in the host's shared cache, which any gc (of any home: other tests' too) sweeps;
+    # this test's killed save lives where only this process's gc looks.
+    states = tmp_path / "states"
+    monkeypatch.setattr(saved, "states_dir", lambda: states)
+    killed_save = states / ".b-000000000000-999999"  # a saver killed before it started QEMU
     killed_save.mkdir(parents=True)
-    try:
-        assert killed_save in stale_builds()
-        report = collect(Engine(), dry_run=True)
-        assert state.sandbox_id in report.sandboxes_stopped and runtime.inspect(state.sandbox_id) is not None
-        report = collect(Engine())
-        assert state.sandbox_id in report.sandboxes_stopped and killed_save.name in report.sandboxes_stopped
-        _gone(state)
-        assert not killed_save.exists()
-    finally:
-        import shutil
-
-        shutil.rmtree(killed_save, ignore_errors=True)
-        (states_dir() / ".000000000000.lock").unlink(missing_ok=True)
+    assert killed_save in saved.stale_builds()
+    report = collect(Engine(), dry_run=True)
+    assert state.sandbox_id in report.sandboxes_stopped and runtime.inspect(state.sandbox_id) is not None
+    assert killed_save.name in report.sandboxes_stopped and killed_save.exists()
+    report = collect(Engine())
+    assert state.sandbox_id in report.sandboxes_stopped and killed_save.name in report.sandboxes_stopped
+    _gone(state)
+    assert not killed_save.exists()
 
 
 def test_the_unit_folder_is_root_only(start_unit: StartFn) -> None:
