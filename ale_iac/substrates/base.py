@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
+from ale_iac.images import require_image
 from ale_iac.profile import HostRoute
 
 LogFn = Callable[[str], None]
@@ -194,6 +195,17 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
     @abstractmethod
     def inputs_for(self, unit: UnitSpec, route: RouteT, name_prefix: str, labels: dict[str, str]) -> InputsT:
         """The unit's resource inputs from its request and its route."""
+
+    @staticmethod
+    def common_inputs(route: HostRoute, name_prefix: str, labels: dict[str, str]) -> dict[str, Any]:
+        """The :class:`UnitInputs` every substrate's inputs start from (the image must be built)."""
+        return {
+            "name_prefix": name_prefix,
+            "image": require_image(route.image).ref,
+            "screen_width": route.screen_width,
+            "screen_height": route.screen_height,
+            "labels": labels,
+        }
 
     def outputs_for(
         self, unit: UnitSpec, snapshot: str, route: RouteT, inputs: InputsT, state: StateT, urn: str

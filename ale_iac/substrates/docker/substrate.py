@@ -82,12 +82,8 @@ class DockerSubstrate(Substrate[DockerInputs, DockerState, DockerRoute]):
     def inputs_for(self, unit: UnitSpec, route: DockerRoute, name_prefix: str, labels: dict[str, str]) -> DockerInputs:
         shape = unit.shape.over(route.shape)
         return DockerInputs(
-            name_prefix=name_prefix,
-            image=require_image(route.image).ref,
+            **self.common_inputs(route, name_prefix, labels),
             image_recipe=route.image,
-            screen_width=route.screen_width,
-            screen_height=route.screen_height,
-            labels=labels,
             allow_outbound=route.allow_outbound,
             vcpus=shape.vcpus,
             memory_gb=shape.memory_gb,

@@ -53,15 +53,10 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
     )
 
     def inputs_for(self, unit: UnitSpec, route: LocalRoute, name_prefix: str, labels: dict[str, str]) -> LocalInputs:
-        image = require_image(route.image)
         shape = unit.shape.over(route.shape)
         return LocalInputs(
-            name_prefix=name_prefix,
-            image=image.ref,
-            rootfs=str(image.rootfs),
-            screen_width=route.screen_width,
-            screen_height=route.screen_height,
-            labels=labels,
+            **self.common_inputs(route, name_prefix, labels),
+            rootfs=str(require_image(route.image).rootfs),
             allow_outbound=route.allow_outbound,
             vcpus=shape.vcpus,
             memory_gb=shape.memory_gb,

@@ -116,12 +116,8 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
     def inputs_for(self, unit: UnitSpec, route: QemuRoute, name_prefix: str, labels: dict[str, str]) -> QemuInputs:
         shape = unit.shape.over(route.shape)
         return QemuInputs(
-            name_prefix=name_prefix,
-            image=require_image(route.image).ref,
+            **self.common_inputs(route, name_prefix, labels),
             image_recipe=route.image,
-            screen_width=route.screen_width,
-            screen_height=route.screen_height,
-            labels=labels,
             vcpus=shape.vcpus or DEFAULT_VCPUS,
             memory_gb=shape.memory_gb or DEFAULT_MEMORY_GB,
             restore=route.restore,
