@@ -148,6 +148,8 @@ def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> N
             Endpoint(handle.endpoint, handle.token()),
             f'k={key[:half]}{key[half:]}; grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -- "$k" / '
             '2>/dev/null; grep -lF -- "$k" /proc/[0-9]*/environ 2>/dev/null; true',
+            # It reads the whole image (gigabytes): on a loaded host that takes minutes, not the usual 60 s.
+            http_timeout=600,
         )
         assert search["stdout"] == "", f"the API key is in the sandbox: {search['stdout']}"
 
