@@ -331,6 +331,7 @@ class DockerExecutor(HostWorkDir):
                 working_dir=WORK,
                 hostname="agent",
                 network_mode="none",
+                userns_mode="host",  # as before ale-iac's engine remapped: it binds host folders 0700
                 mounts=self._mounts(bundle_src, bundle_deps, run.sockdir),
                 tmpfs=TMPFS,
                 read_only=True,

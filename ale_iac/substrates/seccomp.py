@@ -8,14 +8,16 @@ sandbox.
 
 :func:`compile_bpf` turns the policy into the classic BPF program that bubblewrap loads with
 ``--seccomp FD``, through libseccomp (the ``pyseccomp`` ctypes binding; libseccomp resolves the
-syscall names for the host's architecture and rejects foreign ABIs such as x32).
+syscall names for the host's architecture and rejects foreign ABIs such as x32). :func:`docker_profile`
+renders the same policy in the container engine's JSON profile format (``--security-opt seccomp=...``), so
+that a docker unit refuses the same families with the same errno.
 """
 
 from __future__ import annotations
 
 import errno
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 CLONE_NEWUSER: Final = 0x10000000
 TIOCSTI: Final = 0x5412
@@ -175,3 +177,26 @@ def compile_bpf(policy: SeccompPolicy = SANDBOX_POLICY) -> bytes:
         program.export_bpf(sink)
         sink.seek(0)
         return sink.read()
+
+
+def docker_profile(policy: SeccompPolicy = SANDBOX_POLICY) -> dict[str, Any]:
+    """The policy in the Docker engine's (runc's) seccomp profile format: allow by default, and one rule per
+    family with its errno (``errnoRet``). An argument match is ``SCMP_CMP_MASKED_EQ`` with the mask in
+    ``value`` and the compared value in ``valueTwo``, as runc passes them to libseccomp. Only the native
+    architecture is listed: a foreign ABI (x32, i386) is refused as a whole, as :func:`compile_bpf`'s is.
+    runc skips a name its libseccomp does not know, as :func:`compile_bpf` does."""
+    rules: list[dict[str, Any]] = []
+    for family in policy.families:
+        rule: dict[str, Any] = {
+            "names": list(family.syscalls),
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": family.errno,
+            "comment": f"{family.name}: {family.why}",
+        }
+        if family.when is not None:
+            match = family.when
+            rule["args"] = [
+                {"index": match.index, "value": match.mask, "valueTwo": match.value, "op": "SCMP_CMP_MASKED_EQ"}
+            ]
+        rules.append(rule)
+    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}

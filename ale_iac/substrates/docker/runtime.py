@@ -28,13 +28,15 @@ The container's ``ale-iac.spec`` label is the unit's spec (image, screen, limits
 the token a reset gave it (the port from the engine, the token from the container's own file, through the
 archive API: never an environment variable or a command line).
 
+The walls beyond the engine's defaults (``walls``): a user namespace (ale-iac's own engine runs with
+``userns-remap``), ale-iac's seccomp policy, AppArmor where the host has it, and a disk of the unit's own
+(``disk_gb``, ext4, nosuid,nodev) under its volumes; each recorded in ``ale-iac.limits`` as applied or not.
+
 Limits come from the shape: ``vcpus`` as a CPU quota (``NanoCpus``; none when the shape asks at least every
 CPU of the engine's host, recorded as fitted to the host), ``memory_gb`` as memory with no swap on top,
 ``shm_gb`` as ``/dev/shm``, ``pids_limit``; what became of each is in the container's ``ale-iac.limits``
 label (:func:`limits_of`, the unit's record). No privileged mode, no added capability (six of the engine's
-defaults dropped: the set left is the local substrate's), ``no-new-privileges``, the engine's default
-seccomp profile. There is no user namespace (the engine runs without ``userns-remap``): root inside
-is the host's uid 0 confined by the above.
+defaults dropped: the set left is the local substrate's), ``no-new-privileges``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
+from ale_iac.substrates.docker import walls
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -97,6 +100,7 @@ DROPPED_CAPS = ["AUDIT_WRITE", "FSETID", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP
 SETGID, SETUID, NET_BIND_SERVICE, SYS_CHROOT."""
 DEFAULT_PIDS_LIMIT = 4096
 DEFAULT_SHM_GB = 1.0
+DEFAULT_DISK_GB = 16.0
 NO_OUTBOUND_BRIDGE = "alesb"
 OUTBOUND_BRIDGE = "aleob"
 PUBLISH: dict[str, Any] = {f"{PROXY_PORT}/tcp": ("127.0.0.1", None)}
@@ -125,6 +129,8 @@ class DockerSandboxSpec:
     pids_limit: int = DEFAULT_PIDS_LIMIT
     labels: dict[str, str] = field(default_factory=dict)
     expires_at: str | None = None
+    disk_gb: float = DEFAULT_DISK_GB
+    """The unit's disk: its four volumes share one ext4 file system of this size (``walls.make_disk``)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -366,6 +372,29 @@ def limits_of(sandbox_id: str, engine: DockerClient | None = None) -> list[Limit
     return [Limit(**item) for item in json.loads(recorded)]
 
 
+def _volumes(
+    engine: DockerClient, spec: DockerSandboxSpec, labels: dict[str, str], security: walls.EngineSecurity
+) -> tuple[dict[str, dict[str, str]], list[Limit]]:
+    """The unit's four volumes, binds of folders of its own disk (``walls.make_disk``: ext4 of ``disk_gb``,
+    mounted nosuid,nodev), and the records of both walls."""
+    owner = (security.remap_uid, security.remap_gid)
+    folders = walls.make_disk(spec.sandbox_id, spec.disk_gb, list(VOLUMES), owner, labels)
+    volumes: dict[str, dict[str, str]] = {}
+    for role, mount in VOLUMES.items():
+        volume = engine.volumes.create(
+            f"{container_name(spec.sandbox_id)}-{role}",
+            driver="local",
+            driver_opts=walls.volume_options(folders[role]),
+            labels=labels,
+        )
+        volumes[str(volume.name)] = {"bind": mount, "mode": "rw"}
+    records = [
+        Limit("disk", f"{spec.disk_gb:g}GiB", True, "the four volumes share one ext4 file system of this size"),
+        Limit("nosuid", None, True, "every writable mount is nosuid,nodev: the volumes' disk, and each tmpfs"),
+    ]
+    return volumes, records
+
+
 def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> DockerSandboxState:
     """Create and start a unit's network, volumes and container; returns once the engine runs it (the
     endpoint answers a little later: readiness is the caller's). Whatever was made is removed on failure."""
@@ -378,11 +407,11 @@ def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> Docker
     with _engine(engine) as docker_engine:
         try:
             network = _create_network(docker_engine, spec, labels)
-            volumes: dict[str, dict[str, str]] = {}
-            for role, mount in VOLUMES.items():
-                volume = docker_engine.volumes.create(f"{container_name(spec.sandbox_id)}-{role}", labels=labels)
-                volumes[str(volume.name)] = {"bind": mount, "mode": "rw"}
+            security = walls.engine_security(docker_engine)
+            volumes, disk_limits = _volumes(docker_engine, spec, labels, security)
             kwargs, limits = _limits(spec, host_resources(docker_engine))
+            options, records = walls.container_options(security)
+            limits += [Limit(name, None, applied, detail) for name, applied, detail in records] + disk_limits
             recorded = json.dumps([dataclasses.asdict(limit) for limit in limits])
             container = docker_engine.containers.create(
                 spec.image,
@@ -396,10 +425,10 @@ def start(spec: DockerSandboxSpec, engine: DockerClient | None = None) -> Docker
                 tmpfs=TMPFS,
                 read_only=True,
                 cap_drop=DROPPED_CAPS,
-                security_opt=["no-new-privileges:true"],
                 privileged=False,
                 hostname="sandbox",
                 environment={"LANG": "C.UTF-8"},
+                **options,
                 **kwargs,
             )
             payload = _tar_of({TOKEN_FILE: (token.encode() + b"\n", 0o600), PROXY_FILE: (proxy_source, 0o600)})
@@ -539,6 +568,8 @@ def orphan_objects(engine: DockerClient | None = None) -> dict[str, dict[str, st
             labels = {str(k): str(v) for k, v in (attrs.get("Labels") or {}).items()}
             if labels.get(LABEL_SANDBOX):
                 found.setdefault(labels[LABEL_SANDBOX], labels)
+        for sandbox_id, labels in walls.disks().items():
+            found.setdefault(sandbox_id, labels)
         for unit in list_sandboxes(docker_engine):
             found.pop(unit.sandbox_id, None)
     return found
@@ -565,6 +596,7 @@ def _remove_all(engine: DockerClient, sandbox_id: str) -> bool:
     for volume in engine.volumes.list(filters=label):
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
+    walls.remove_disk(sandbox_id)  # after the volumes: they are binds of its folders
     return had
 
 

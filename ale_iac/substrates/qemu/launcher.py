@@ -167,6 +167,7 @@ def _run_container(image: str, unit_dir: Path, machine: Machine, args: list[str]
             name=container_name(unit_dir),
             labels=all_labels,
             network_mode="host",
+            userns_mode="host",  # the host's network namespace needs the host's user namespace
             volumes=volumes,
             devices=["/dev/kvm:/dev/kvm:rw"] if machine.accel == "kvm" else [],
             working_dir=str(unit_dir),
