@@ -26,13 +26,16 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import pytest
 
 from ale_iac.images import ImageInfo
+from ale_iac.substrates import isolation
+from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local.isolation import LocalIsolation
 from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
 from tests.support.rootless import HostUser
@@ -50,125 +53,27 @@ SANDBOX_CAPS_MASK = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 <<
 CAP_FSETID, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN, CAP_AUDIT_WRITE, CAP_SETFCAP = 4, 12, 13, 21, 29, 31
 
 
-class SandboxUnderTest(Protocol):
-    """What the suite needs of a substrate's sandbox, from the host's side."""
-
-    endpoint: Endpoint
-
-    def host_pids(self) -> list[int]:
-        """Every host process that belongs to the sandbox (helpers included)."""
-
-    def host_paths(self) -> list[Path]:
-        """Host folders the substrate keeps for the sandbox (state, logs)."""
-
-    def read_log(self, name: str) -> str:
-        """A log the sandbox wrote, read by the host the way ale-iac reads it."""
-
-    def tasks_in_use(self) -> int:
-        """Tasks the sandbox holds, as its task limit counts them."""
-
-
 @dataclass
-class LocalUnderTest:
-    state: LocalSandboxState
+class SandboxUnderTest:
+    """A running unit: its endpoint (what an agent has) and its substrate's probe (the host's side)."""
+
+    kind: str
+    probe: IsolationProbe
     endpoint: Endpoint
     owner: int = 0
     """The host user that started it (its state folders are that user's)."""
 
-    def host_pids(self) -> list[int]:
-        return local_runtime.sandbox_pids(self.state)
 
-    def host_paths(self) -> list[Path]:
-        return [Path(self.state.state_dir)]
-
-    def read_log(self, name: str) -> str:
-        return local_runtime.log_text(self.state, name)
-
-    def tasks_in_use(self) -> int:
-        folder = next((Path(p) for p in self.state.cgroups if (Path(p) / "pids.current").exists()), None)
-        if folder is None:  # bounded by RLIMIT_NPROC in its user namespace: count its tasks
-            return sum(
-                len(os.listdir(f"/proc/{pid}/task")) for pid in self.host_pids() if Path(f"/proc/{pid}").exists()
-            )
-        return int((folder / "pids.current").read_text())
-
-
-@dataclass
-class DockerUnderTest:
-    """A ``docker`` unit: no host folder is kept for it (its files live in the engine's volumes)."""
-
-    state: Any
-    endpoint: Endpoint
-
-    def host_pids(self) -> list[int]:
-        from ale_iac.substrates.docker import runtime as docker_runtime
-
-        client = docker_runtime.client()
-        try:
-            top = client.api.top(self.state.container_id, ps_args="-eo pid")
-        finally:
-            client.close()
-        return [int(row[0]) for row in top["Processes"]]
-
-    def host_paths(self) -> list[Path]:
-        return []
-
-    def read_log(self, name: str) -> str:
-        raise NotImplementedError
-
-    def tasks_in_use(self) -> int:
-        return int(Path(f"/sys/fs/cgroup/pids/docker/{self.state.container_id}/pids.current").read_text())
-
-
-@dataclass
-class QemuUnderTest:
-    """A ``qemu`` unit: a guest with a kernel of its own; on the host, one QEMU process and the unit folder."""
-
-    state: Any
-    endpoint: Endpoint
-
-    def host_pids(self) -> list[int]:
-        return [self.state.pid] if self.state.pid else []
-
-    def host_paths(self) -> list[Path]:
-        return [self.state.unit_dir]
-
-    def read_log(self, name: str) -> str:
-        raise NotImplementedError
-
-    def tasks_in_use(self) -> int:
-        raise NotImplementedError
+def applies(sut: SandboxUnderTest, check: str) -> None:
+    """Skip the test, with the substrate's reason, when its check does not apply there."""
+    reason = sut.probe.not_applicable(check)
+    if reason is not None:
+        pytest.skip(f"{sut.kind}: {reason}")
 
 
 DOCKER = pytest.param("docker", marks=pytest.mark.docker)
 QEMU = pytest.param("qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(900)])
 """A first qemu unit may make the saved memory state: a cold boot under TCG, minutes on a loaded host."""
-NOT_ON_QEMU: dict[str, str] = {}
-"""Checks of walls a qemu guest does not have, with the reason: the guest runs a kernel of its own, so the
-wall is the virtual machine (tests/substrates/qemu checks the host side: process, folder, network)."""
-
-
-def not_on_qemu(reason: str) -> Any:
-    def mark(fn: Any) -> Any:
-        NOT_ON_QEMU[fn.__name__] = reason
-        return pytest.mark.parametrize("sut", [*LOCAL_KINDS, DOCKER], indirect=True)(fn)
-
-    return mark
-
-
-LOCAL_ONLY: dict[str, str] = {}
-"""Checks that do not apply to a docker unit, with the reason (what covers the wall instead)."""
-
-
-def local_only(reason: str) -> Any:
-    """Run this check on the ``local`` substrate only (``reason``: why it is not a wall of the others,
-    and what covers it there); the others are not parametrized with it at all, rather than skipped."""
-
-    def mark(fn: Any) -> Any:
-        LOCAL_ONLY[fn.__name__] = reason
-        return pytest.mark.parametrize("sut", LOCAL_KINDS, indirect=True)(fn)
-
-    return mark
 
 
 @pytest.fixture(scope="module", params=[*LOCAL_KINDS, DOCKER, QEMU])
@@ -177,7 +82,7 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
         yield from _qemu_sut(desktop_image)
         return
     if request.param == "docker":
-        yield from _docker_sut(request)
+        yield from _docker_sut(request.getfixturevalue("docker_image"))
         return
     if request.param == "local-rootless":
         yield from _rootless_sut(request.getfixturevalue("rootless_user"))
@@ -191,7 +96,7 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
     state = local_runtime.start(spec)
     try:
         wait_for_status(state)
-        yield LocalUnderTest(state, Endpoint.of(state))
+        yield SandboxUnderTest("local", LocalIsolation(state), Endpoint.of(state))
     finally:
         local_runtime.stop(state.sandbox_id)
 
@@ -211,22 +116,23 @@ def _rootless_sut(user: HostUser) -> Iterator[SandboxUnderTest]:
     try:
         assert state.mode == local_runtime.MODE_ROOTLESS, state
         wait_for_status(state)
-        yield LocalUnderTest(state, Endpoint.of(state), owner=user.uid)
+        yield SandboxUnderTest("local-rootless", LocalIsolation(state, owner=user.uid), Endpoint.of(state), user.uid)
     finally:
         user.python(f"from ale_iac.substrates.local import runtime; runtime.stop({sandbox_id!r})")
 
 
-def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
+def _docker_sut(image: str) -> Iterator[SandboxUnderTest]:
     from ale_iac.substrates.docker import runtime as docker_runtime
+    from ale_iac.substrates.docker.isolation import DockerIsolation
 
-    image = request.getfixturevalue("docker_image")
-    state = docker_runtime.start(
-        docker_runtime.DockerSandboxSpec(sandbox_id=new_sandbox_id("isolation"), image=image, pids_limit=PIDS_LIMIT)
+    spec = docker_runtime.DockerSandboxSpec(
+        sandbox_id=new_sandbox_id("isolation"), image=image, pids_limit=PIDS_LIMIT, disk_gb=DISK_GB
     )
+    state = docker_runtime.start(spec)
     try:
         endpoint = Endpoint(state.endpoint, state.token)
         wait_for_status(endpoint)
-        yield DockerUnderTest(state, endpoint)
+        yield SandboxUnderTest("docker", DockerIsolation(state), endpoint)
     finally:
         docker_runtime.stop(state.sandbox_id)
 
@@ -234,6 +140,7 @@ def _docker_sut(request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
 def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
     from ale_iac.substrates.qemu import runtime as qemu_runtime
     from ale_iac.substrates.qemu.disk import ensure_export as ensure_qcow2_image
+    from ale_iac.substrates.qemu.isolation import QemuIsolation
 
     disk = ensure_qcow2_image(desktop_image.name)
     spec = qemu_runtime.QemuSandboxSpec(
@@ -243,7 +150,7 @@ def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
     try:
         endpoint = Endpoint(state.endpoint, state.token)
         wait_for_status(endpoint)
-        yield QemuUnderTest(state, endpoint)
+        yield SandboxUnderTest("qemu", QemuIsolation(state), endpoint)
     finally:
         qemu_runtime.stop(state.sandbox_id)
 
@@ -263,30 +170,42 @@ def status_field(text: str, name: str) -> str:
 # --- who root inside is --------------------------------------------------------------------------------
 
 
-@local_only(
-    "the engine runs without userns-remap: root inside is the host's uid 0, "
-    "confined by capabilities, no-new-privileges and seccomp"
-)
 def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) -> None:
-    assert isinstance(sut, LocalUnderTest)
-    uid_map = sh(sut, "cat /proc/self/uid_map")["stdout"].split()
-    assert sh(sut, "cat /proc/self/gid_map")["stdout"].split()[0::3] == uid_map[0::3]
+    applies(sut, isolation.ROOT_UNPRIVILEGED)
+    check_root_is_unprivileged(sut)
+
+
+def _local_host_ids(sut: SandboxUnderTest, uid_map: list[str]) -> set[int]:
+    assert isinstance(sut.probe, LocalIsolation)
     base = int(uid_map[1])
-    if sut.state.mode == local_runtime.MODE_ROOTLESS:
+    if sut.probe.state.mode == local_runtime.MODE_ROOTLESS:
         # The user's own uid is root inside, and nothing else of the host but, with newuidmap, the
         # user's subordinate range (/etc/subuid) for ids 1..65535.
         assert uid_map[:3] == ["0", str(sut.owner), "1"] and sut.owner not in (0, base + 1), (uid_map, sut.owner)
-        assert base == sut.state.uid_base
+        assert base == sut.probe.state.uid_base
         host_ids = {sut.owner}
         if len(uid_map) > 3:
             assert uid_map[3] == "1" and uid_map[5] == "65535" and int(uid_map[4]) >= 65536, uid_map
             host_ids |= set(range(int(uid_map[4]), int(uid_map[4]) + 65535))
-    else:
-        assert uid_map[0::3] == ["0"] and uid_map[2::3] == ["65536"], uid_map
-        assert base >= 2**30, uid_map
-        host_ids = set(range(base, base + 65536))
+        return host_ids
+    assert uid_map[0::3] == ["0"] and uid_map[2::3] == ["65536"], uid_map
+    assert base >= 2**30, uid_map
+    return set(range(base, base + 65536))
+
+
+def check_root_is_unprivileged(sut: SandboxUnderTest) -> None:
+    """Root inside is a host uid of an unprivileged range, and every process of the unit runs as one of it."""
+    uid_map = sh(sut, "cat /proc/self/uid_map")["stdout"].split()
+    assert sh(sut, "cat /proc/self/gid_map")["stdout"].split()[0::3] == uid_map[0::3]
+    if isinstance(sut.probe, LocalIsolation):
+        host_ids = _local_host_ids(sut, uid_map)
+    else:  # one range, root inside its first id: no id of a real user (below 65536), never the whole id space
+        assert len(uid_map) == 3 and uid_map[0] == "0", uid_map
+        base, count = int(uid_map[1]), int(uid_map[2])
+        assert base >= 65536 and count <= 65536, uid_map
+        host_ids = set(range(base, base + count))
     assert sh(sut, "id -u")["stdout"] == "0\n"
-    inside = [pid for pid in sut.host_pids() if Path(f"/proc/{pid}/ns/user").exists()]
+    inside = [pid for pid in sut.probe.host_pids() if Path(f"/proc/{pid}/ns/user").exists()]
     own_userns = os.readlink("/proc/self/ns/user")
     sandboxed = [pid for pid in inside if os.readlink(f"/proc/{pid}/ns/user") != own_userns]
     assert sandboxed, "no process of the sandbox runs in a user namespace of its own"
@@ -295,8 +214,8 @@ def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) 
         assert {int(u) for u in uids} <= host_ids, (pid, uids)
 
 
-@not_on_qemu("the guest's /proc/sys is its own kernel's settings, not the host's")
 def test_host_kernel_settings_are_read_only(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.KERNEL_SETTINGS)
     # A no-op write of a host-global setting: the value read is written back.
     noop = sh(sut, 'v=$(cat /proc/sys/kernel/core_pattern); printf %s "$v" > /proc/sys/kernel/core_pattern')
     assert noop["return_code"] != 0, noop
@@ -321,8 +240,8 @@ def test_host_kernel_settings_are_read_only(sut: SandboxUnderTest) -> None:
         assert sh(sut, f"test -w {path}")["return_code"] != 0, path
 
 
-@not_on_qemu("namespaces made inside are the guest kernel's, walled off by the virtual machine")
 def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.NO_USERNS_INSIDE)
     reply = sh(sut, "unshare --user --map-root-user true")
     assert reply["return_code"] != 0 and "Operation not permitted" in reply["stderr"], reply
     # Nor through another path to the same kernel call: clone(CLONE_NEWUSER) from Python.
@@ -340,8 +259,13 @@ def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
     assert child["stdout"].split() == ["-1", "1"], child  # EPERM
 
 
-@local_only("the engine's default seccomp profile, not ale-iac's filter (other families, other errnos)")
 def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.SECCOMP)
+    check_seccomp_families(sut)
+
+
+def check_seccomp_families(sut: SandboxUnderTest) -> None:
+    """ale-iac's filter is loaded: one call per family of its policy gets exactly the family's errno."""
     status = sh(sut, "cat /proc/self/status")["stdout"]
     assert status_field(status, "Seccomp") == "2" and status_field(status, "NoNewPrivs") == "1", status
     for family_name, (syscall, args) in sorted(PROBES.items()):
@@ -355,8 +279,8 @@ def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderT
         assert result == {"result": -1, "errno": SANDBOX_POLICY.family(family_name).errno}, (family_name, result)
 
 
-@not_on_qemu("root in the guest holds every capability of the guest's own kernel, and nothing of the host's")
 def test_capabilities_and_bounding_set_are_cut(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.CAPABILITIES)
     status = sh(sut, "cat /proc/1/status /proc/self/status")["stdout"]
     for field in ("CapEff", "CapPrm", "CapBnd"):
         values = [line.split()[1] for line in status.splitlines() if line.startswith(field + ":")]
@@ -371,11 +295,11 @@ def test_capabilities_and_bounding_set_are_cut(sut: SandboxUnderTest) -> None:
 # --- files ---------------------------------------------------------------------------------------------
 
 
-@not_on_qemu(
-    "a setuid file raises only inside the guest's own kernel; the unit folder's modes are checked in "
-    "tests/substrates/qemu (0700, files 0600)"
-)
 def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> None:
+    """A setuid file planted inside raises no one inside, and the host keeps none it could run: the host's
+    folders of the unit are private, and a file of the unit's own disk (a mount in them, on docker) is on a
+    nosuid mount."""
+    applies(sut, isolation.SETUID_FILES)
     plant = sh(
         sut,
         "cp /bin/sh /root/suid-sh && chmod 4755 /root/suid-sh && "
@@ -383,21 +307,13 @@ def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> Non
     )
     assert plant["return_code"] == 0 and plant["stdout"] == "4755\n", plant
     # Not even inside does it raise anyone: nosuid mounts and no_new_privs (and uid 1000 exists inside).
-    if sh(sut, "wc -l < /proc/self/uid_map")["stdout"].strip() != "1":  # rootless without newuidmap: no uid 1000
+    if sh(sut, "awk '$1 <= 1000 && 1000 < $1 + $3' /proc/self/uid_map")["stdout"]:  # rootless w/o newuidmap: none
         raised = sh(sut, "setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-sh -c 'id -u'")
         assert raised["stdout"] == "1000\n", raised
-    owner = sut.owner if isinstance(sut, LocalUnderTest) else 0
-    for root in sut.host_paths():
-        for folder, dirs, files in os.walk(root):
-            info = os.stat(folder)
-            assert info.st_uid == owner and stat.S_IMODE(info.st_mode) & 0o077 == 0, (folder, oct(info.st_mode))
-            for name in files + dirs:
-                entry = os.lstat(os.path.join(folder, name))
-                assert not entry.st_mode & (stat.S_ISUID | stat.S_ISGID), os.path.join(folder, name)
-                if stat.S_ISREG(entry.st_mode):
-                    assert stat.S_IMODE(entry.st_mode) & 0o077 == 0, (name, oct(entry.st_mode))
+    for root in sut.probe.host_paths():
+        _check_host_folder(root, sut.owner)
     # The sandbox's own file system is mounted in no host mount namespace but its own.
-    sandbox_pids = set(sut.host_pids())
+    sandbox_pids = set(sut.probe.host_pids())
     own = os.readlink("/proc/self/ns/mnt")
     for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in sandbox_pids):
         try:
@@ -408,32 +324,52 @@ def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> Non
             continue
 
 
+def _check_host_folder(root: Path, owner: int) -> None:
+    """The host's folder of a unit: the owner's, 0700, files 0600, no setuid file; a file system mounted in
+    it (the unit's own disk) holds the unit's files, and must be nosuid."""
+    for folder, dirs, files in os.walk(root):
+        info = os.stat(folder)
+        assert info.st_uid == owner and stat.S_IMODE(info.st_mode) & 0o077 == 0, (folder, oct(info.st_mode))
+        for mount in [name for name in dirs if os.path.ismount(os.path.join(folder, name))]:
+            dirs.remove(mount)
+            assert os.statvfs(os.path.join(folder, mount)).f_flag & os.ST_NOSUID, os.path.join(folder, mount)
+        for name in files + dirs:
+            entry = os.lstat(os.path.join(folder, name))
+            assert not entry.st_mode & (stat.S_ISUID | stat.S_ISGID), os.path.join(folder, name)
+            if stat.S_ISREG(entry.st_mode):
+                assert stat.S_IMODE(entry.st_mode) & 0o077 == 0, (name, oct(entry.st_mode))
+
+
 def test_no_host_path_is_visible_inside(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.NO_HOST_PATH)
     mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
-    for root in sut.host_paths():
+    for root in sut.probe.host_paths():
         assert str(root) not in mountinfo
     assert str(Path.home()) + "/" not in mountinfo
     assert ".cache/ale-iac" not in mountinfo
 
 
-@local_only("the unit's own layer is the only place it writes; docker binds no host path into a unit")
 def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
     """Every mount inside is the sandbox's own (its overlay, its layer, tmpfs, its proc), but for the few
-    device nodes bubblewrap binds from the host's /dev; nothing on any other mount is writable."""
+    device nodes bound from the host's /dev (and, on docker, /dev/null over masked /proc files, the engine's
+    read-only /etc/hosts and friends, sysfs and the unit's cgroup); nothing on any other mount is writable."""
+    applies(sut, isolation.NO_HOST_FILE_WRITABLE)
     probe = python(
         sut,
         """
         import json, os, stat
         OWN = {"overlay", "tmpfs", "proc", "devpts", "mqueue"}
         DEVICES = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
-        foreign, writable = [], []
+        foreign, writable, own = [], [], set()
         for line in open("/proc/self/mountinfo"):
             fields = line.split()
             dash = fields.index("-")
             point, fstype, source = fields[4], fields[dash + 1], fields[dash + 2]
             if fstype in OWN or (fstype == "ext4" and source.startswith("/dev/loop")):  # root mode's layer
+                own.add(point)
                 continue
             foreign.append([point, fstype])
+        for point, _ in foreign:
             paths = [point] if not os.path.isdir(point) else [
                 os.path.join(folder, name) for folder, dirs, files in os.walk(point) for name in dirs + files
             ] + [point]
@@ -442,7 +378,8 @@ def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
                     mode = os.lstat(path).st_mode
                 except OSError:
                     continue
-                if stat.S_ISLNK(mode) or (stat.S_ISCHR(mode) and path in DEVICES):
+                null = stat.S_ISCHR(mode) and os.lstat(path).st_rdev == os.makedev(1, 3)
+                if stat.S_ISLNK(mode) or (stat.S_ISCHR(mode) and path in DEVICES) or null or path in own:
                     continue
                 if os.access(path, os.W_OK):
                     writable.append(path)
@@ -451,6 +388,8 @@ def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
     )
     found = json.loads(probe["stdout"])
     assert found["writable"] == [], found
+    if sut.kind == "docker":
+        return
     assert {point for point, _ in found["foreign"]} <= {
         "/dev/null",
         "/dev/zero",
@@ -462,20 +401,50 @@ def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
     }, found
 
 
-@local_only(
-    "overlay2 on ext4 has no quota: the volumes and tmpfs bound what they can (tmpfs sizes), the volumes do not"
-)
+def test_every_writable_mount_is_nosuid_and_nodev(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.WRITABLE_NOSUID)
+    check_writable_mounts_nosuid(sut)
+
+
+def check_writable_mounts_nosuid(sut: SandboxUnderTest) -> None:
+    """Every mount the unit can write is nosuid, and nodev but for those that hold the device nodes
+    themselves (/dev, devpts); a device node bound over a path (/dev/null over a masked /proc file) is not a
+    place to plant a file."""
+    probe = python(
+        sut,
+        """
+        import json, os, stat
+        found = []
+        for line in open("/proc/self/mountinfo"):
+            fields = line.split()
+            dash = fields.index("-")
+            point, options, fstype = fields[4], fields[5].split(","), fields[dash + 1]
+            if "rw" not in options or stat.S_ISCHR(os.lstat(point).st_mode):
+                continue
+            needs = {"nosuid"} | (set() if point == "/dev" or fstype == "devpts" else {"nodev"})
+            if not needs <= set(options):
+                found.append([point, fstype, fields[5]])
+        print(json.dumps(found))
+        """,
+    )
+    assert probe["return_code"] == 0 and json.loads(probe["stdout"]) == [], probe
+
+
 def test_the_disk_is_bounded(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.DISK_BOUNDED)
+    check_disk_bounded(sut)
+
+
+def check_disk_bounded(sut: SandboxUnderTest) -> None:
+    """The unit's home and its logs fill their own bounded file systems (``DISK_GB``), not the host's."""
     for target in ("/root/big", "/var/log/ale/big"):
         grow = sh(sut, f"fallocate -l {DISK_GB + 1}G {target}; echo rc=$?; rm -f {target}")
         assert "rc=0" not in grow["stdout"], grow
         assert "No space left on device" in grow["stderr"], grow
 
 
-@local_only(
-    "the host reads unit files only through the archive API (tests/substrates/docker: links and FIFOs are never copied)"
-)
 def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.HOST_READS_SAFELY)
     plant = sh(
         sut,
         "cd /var/log/ale && rm -f server.log xvfb.log && ln -s /etc/shadow server.log && mkfifo xvfb.log",
@@ -484,8 +453,8 @@ def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: S
     results: dict[str, str] = {}
 
     def read_both() -> None:
-        results["server.log"] = sut.read_log("server.log")
-        results["xvfb.log"] = sut.read_log("xvfb.log")
+        results["server.log"] = sut.probe.read_log("server.log")
+        results["xvfb.log"] = sut.probe.read_log("xvfb.log")
 
     reader = threading.Thread(target=read_both, daemon=True)
     reader.start()
@@ -497,14 +466,11 @@ def test_the_host_reads_sandbox_files_without_following_links_or_blocking(sut: S
 # --- network and endpoint ------------------------------------------------------------------------------
 
 
-@local_only(
-    "a unit has a network of its own (the published port needs one); "
-    "tests/substrates/docker checks from inside that nothing of the host or beyond is reached"
-)
 def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.NETWORK_LOOPBACK_ONLY)
     links = sh(sut, "ip -o link")["stdout"].splitlines()
     assert [line.split(":")[1].strip() for line in links] == ["lo"], links
-    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in sut.host_pids()}
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in sut.probe.host_pids()}
     assert not names & {"slirp4netns", "pasta", "vpnkit"}, names
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))
@@ -533,12 +499,13 @@ def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> No
     assert len(lines) == 5 and all(" failed " in line for line in lines), lines
 
 
-@local_only("docker units keep no gateway channel yet")
 def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> None:
     """127.0.0.1:<gateway port> inside reaches the state dir's socket on the host, and only while
     something listens there; the socket's server sees the bytes, nothing else of the host does."""
-    assert isinstance(sut, LocalUnderTest)
-    url = sut.state.gateway_url
+    applies(sut, isolation.GATEWAY_CHANNEL)
+    assert isinstance(sut.probe, LocalIsolation)
+    state = sut.probe.state
+    url = state.gateway_url
     port = int(url.rsplit(":", 1)[1])
     probe = f"""
         import socket
@@ -559,8 +526,8 @@ def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> 
         """
     assert python(sut, closed)["stdout"].strip() == "got EOF"
     received: list[bytes] = []
-    path = Path(sut.state.gateway_socket)
-    assert path.parent == Path(sut.state.state_dir)
+    path = Path(state.gateway_socket)
+    assert path.parent == Path(state.state_dir)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
         os.chown(path, sut.owner, -1)  # the run's gateway is served by the user that runs the sandbox
@@ -586,6 +553,7 @@ def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> 
 
 
 def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.ENDPOINT_TOKEN)
     url = sut.endpoint.url
     assert httpx.get(f"{url}/status", timeout=10).status_code == 401
     wrong = {"Authorization": "Bearer " + secrets.token_urlsafe(32)}
@@ -603,6 +571,7 @@ def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest)
 
 
 def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.OTHER_USER)
     user = f"aleprobe{secrets.token_hex(3)}"
     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
     try:
@@ -618,7 +587,7 @@ def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest
                 out["cmd"] = "answered"
             except urllib.error.HTTPError as exc:
                 out["cmd"] = exc.code
-            for path in {[str(p) for p in sut.host_paths()]!r}:
+            for path in {[str(p) for p in sut.probe.host_paths()]!r}:
                 try:
                     os.listdir(path)
                     out[path] = "listed"
@@ -646,8 +615,8 @@ def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest
 # --- limits --------------------------------------------------------------------------------------------
 
 
-@not_on_qemu("the guest's vCPUs and memory bound it; its kernel's task count is its own")
 def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.TASKS_BOUNDED)
     reply = python(
         sut,
         """
@@ -666,13 +635,95 @@ def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
     )
     started, refused = (int(n) for n in reply["stdout"].split())
     assert started < PIDS_LIMIT and refused > 0, reply
-    assert sut.tasks_in_use() < PIDS_LIMIT
+    assert sut.probe.tasks_in_use() < PIDS_LIMIT
     # The sandbox still works once the burst is gone.
     assert sh(sut, "echo alive")["stdout"] == "alive\n"
 
 
-@local_only("the engine mounts the cgroup file system read-only and shares the host's cgroup namespace on cgroup v1")
 def test_cgroups_and_cpu_placement_are_out_of_reach(sut: SandboxUnderTest) -> None:
+    """No limit can be written away from inside. A local unit has no cgroup file system and a cgroup namespace
+    of its own; a docker unit has its own cgroup mounted (cgroup v1: no cgroup namespace), but with the user
+    namespace every file of it belongs to a host uid it has no capability over."""
+    applies(sut, isolation.CGROUPS_OUT_OF_REACH)
     mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
+    if sut.kind == "docker":
+        writable = python(
+            sut,
+            """
+            import os
+            points = [line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup" in line]
+            found = [os.path.join(folder, name) for point in points for folder, dirs, files in os.walk(point)
+                     for name in files + dirs if os.access(os.path.join(folder, name), os.W_OK)]
+            print(len(points), len(found), *found[:10])
+            """,
+        )["stdout"].split()
+        assert int(writable[0]) > 0 and writable[1:] == ["0"], writable
+        return
     assert " cgroup" not in mountinfo, mountinfo  # no cgroupfs to write a limit away
     assert sh(sut, "cat /proc/self/cgroup")["stdout"].strip().endswith(":/")  # its own cgroup namespace
+
+
+def test_the_host_process_is_confined(sut: SandboxUnderTest) -> None:
+    """Where a host process stands for the unit (QEMU), it runs under a seccomp filter of its own."""
+    applies(sut, isolation.HOST_PROCESS_CONFINED)
+    pids = sut.probe.host_pids()
+    assert pids, "no host process of the unit"
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert status_field(status, "Seccomp") == "2", (pid, status)
+        for task in os.listdir(f"/proc/{pid}/task"):  # every thread: -sandbox filters them all
+            assert status_field(Path(f"/proc/{pid}/task/{task}/status").read_text(), "Seccomp") == "2", task
+
+
+def test_every_check_names_its_substrate_reason_or_runs() -> None:
+    """Every check of the package's list has a test here, and every probe answers for every check."""
+    from ale_iac.substrates.docker.isolation import NOT_APPLICABLE as DOCKER_NA
+    from ale_iac.substrates.qemu.isolation import NOT_APPLICABLE as QEMU_NA
+
+    names = {name for name in globals() if name.startswith("test_")}
+    assert len(isolation.CHECKS) == len(set(isolation.CHECKS)) and len(names) > len(isolation.CHECKS)
+    assert set(DOCKER_NA) <= set(isolation.CHECKS) and set(QEMU_NA) <= set(isolation.CHECKS)
+    with pytest.raises(KeyError):
+        isolation.unknown_check("no-such-check")
+
+
+@pytest.mark.docker
+def test_the_added_checks_fail_on_a_weakened_docker_unit(docker_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks of the user namespace, the seccomp families, nosuid mounts and the disk bound are not
+    vacuous: on a unit made without those walls (the host's user namespace, the engine's default seccomp
+    profile, plain engine volumes on the host's disk), each of them fails."""
+    from ale_iac.substrates.docker import runtime as docker_runtime
+    from ale_iac.substrates.docker import walls
+    from ale_iac.substrates.docker.isolation import DockerIsolation
+
+    def weak_options(_security: walls.EngineSecurity) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
+        return {"security_opt": ["no-new-privileges:true"], "userns_mode": "host"}, []
+
+    def plain_volumes(
+        engine: Any, spec: Any, labels: dict[str, str], _security: Any
+    ) -> tuple[dict[str, Any], list[Any]]:
+        volumes = {}
+        for role, mount in docker_runtime.VOLUMES.items():
+            volume = engine.volumes.create(f"{docker_runtime.container_name(spec.sandbox_id)}-{role}", labels=labels)
+            volumes[str(volume.name)] = {"bind": mount, "mode": "rw"}
+        return volumes, []
+
+    monkeypatch.setattr(walls, "container_options", weak_options)
+    monkeypatch.setattr(docker_runtime, "_volumes", plain_volumes)
+    spec = docker_runtime.DockerSandboxSpec(
+        sandbox_id=new_sandbox_id("weakened"), image=docker_image, pids_limit=PIDS_LIMIT, disk_gb=DISK_GB
+    )
+    state = docker_runtime.start(spec)
+    try:
+        weak = SandboxUnderTest("docker", DockerIsolation(state), Endpoint(state.endpoint, state.token))
+        wait_for_status(weak.endpoint)
+        for check in (
+            check_root_is_unprivileged,
+            check_seccomp_families,
+            check_writable_mounts_nosuid,
+            check_disk_bounded,
+        ):
+            with pytest.raises(AssertionError):
+                check(weak)
+    finally:
+        docker_runtime.stop(state.sandbox_id)
