@@ -34,8 +34,9 @@ cancelled: the container is gone before ``run_deployer`` returns or raises. Ever
 ``ale-iac.*`` labels (home, run, unit, agent, the runner's pid and its start time) so that ``ale-iac gc``
 removes what a killed runner left (``containers_of_this_home``, ``runner/gc.py``).
 
-The engine is the local one (``DOCKER_HOST`` or its default socket): the bind mounts name this host's
-paths. Nothing is ever pulled: the image is imported from the built rootfs.
+The engine is ale-iac's own (``runtime.engine_url``: ``scripts/dockerd.sh``, with ``userns-remap``), and the
+container opts out of its remap (``userns_mode="host"``): the bind mounts name this host's paths, root's 0700
+folders among them. Nothing is ever pulled: the image is imported from the built rootfs.
 """
 
 from __future__ import annotations

@@ -82,21 +82,21 @@ def unknown_check(check: str) -> None:
         raise KeyError(f"no isolation check named {check!r}")
 
 
-def pids_current(pid: int) -> int:
+def pids_current(pid: int, proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     """The ``pids.current`` of the pids cgroup process ``pid`` is in, on cgroup v1 (the ``pids`` hierarchy)
-    or v2 (the unified one), read from the host's ``/proc/<pid>/cgroup``."""
-    root = Path("/sys/fs/cgroup")
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+    or v2 (the unified one, at the root or at ``unified/`` on a hybrid host), whatever the engine's cgroup
+    driver named it: the path comes from the host's ``/proc/<pid>/cgroup``."""
+    for line in (proc / str(pid) / "cgroup").read_text().splitlines():
         number, controllers, path = line.split(":", 2)
         if number == "0" and controllers == "":
-            unified = root / "unified" if (root / "unified" / "cgroup.procs").exists() else root
-            candidate = unified / path.lstrip("/") / "pids.current"
+            hybrid = cgroup_root / "unified"
+            candidate = (hybrid if (hybrid / "cgroup.procs").exists() else cgroup_root) / path.lstrip("/")
         elif "pids" in controllers.split(","):
-            candidate = root / controllers / path.lstrip("/") / "pids.current"
+            candidate = cgroup_root / controllers / path.lstrip("/")
         else:
             continue
-        if candidate.exists():
-            return int(candidate.read_text())
+        if (candidate / "pids.current").exists():
+            return int((candidate / "pids.current").read_text())
     raise FileNotFoundError(f"process {pid} is in no pids cgroup with a pids.current")
 
 

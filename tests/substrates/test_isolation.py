@@ -675,18 +675,6 @@ def test_the_host_process_is_confined(sut: SandboxUnderTest) -> None:
             assert status_field(Path(f"/proc/{pid}/task/{task}/status").read_text(), "Seccomp") == "2", task
 
 
-def test_every_check_names_its_substrate_reason_or_runs() -> None:
-    """Every check of the package's list has a test here, and every probe answers for every check."""
-    from ale_iac.substrates.docker.isolation import NOT_APPLICABLE as DOCKER_NA
-    from ale_iac.substrates.qemu.isolation import NOT_APPLICABLE as QEMU_NA
-
-    names = {name for name in globals() if name.startswith("test_")}
-    assert len(isolation.CHECKS) == len(set(isolation.CHECKS)) and len(names) > len(isolation.CHECKS)
-    assert set(DOCKER_NA) <= set(isolation.CHECKS) and set(QEMU_NA) <= set(isolation.CHECKS)
-    with pytest.raises(KeyError):
-        isolation.unknown_check("no-such-check")
-
-
 @pytest.mark.docker
 def test_the_added_checks_fail_on_a_weakened_docker_unit(docker_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks of the user namespace, the seccomp families, nosuid mounts and the disk bound are not

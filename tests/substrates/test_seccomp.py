@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ale_iac.substrates.seccomp import CLONE_NEWUSER, SANDBOX_POLICY, TIOCSTI, ArgMatch, compile_bpf
+from ale_iac.substrates.seccomp import CLONE_NEWUSER, SANDBOX_POLICY, TIOCSTI, ArgMatch, compile_bpf, docker_profile
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 AUDIT_ARCH_X86_64 = 0xC000003E
@@ -216,3 +216,27 @@ def test_each_family_is_enforced_by_the_kernel(family_name: str, tmp_path_factor
         pytest.fail(f"{syscall}{args} fails with {errno.errorcode[family.errno]} without the filter: pick other args")
     filtered = probe(number, args, str(bpf))
     assert filtered == {"result": -1, "errno": family.errno}, (control, filtered)
+
+
+def test_the_docker_profile_is_the_same_policy() -> None:
+    """The engine's JSON profile allows by default and denies exactly the policy's calls, each with its
+    family's errno; an argument match keeps its mask and value (runc: ``value`` is the mask)."""
+    profile = docker_profile()
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and "architectures" not in profile
+    assert len(profile["syscalls"]) == len(SANDBOX_POLICY.families)
+    for family, rule in zip(SANDBOX_POLICY.families, profile["syscalls"], strict=True):
+        assert rule["names"] == list(family.syscalls) and rule["action"] == "SCMP_ACT_ERRNO"
+        assert rule["errnoRet"] == family.errno and rule["comment"].startswith(family.name + ":")
+        if family.when is None:
+            assert "args" not in rule
+        else:
+            (arg,) = rule["args"]
+            assert (arg["index"], arg["value"], arg["valueTwo"]) == (
+                family.when.index,
+                family.when.mask,
+                family.when.value,
+            )
+            assert arg["op"] == "SCMP_CMP_MASKED_EQ"
+    denied = {name for rule in profile["syscalls"] for name in rule["names"]}
+    assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "clone3", "bpf"} <= denied
+    assert json.loads(json.dumps(profile)) == profile  # what the engine gets is plain JSON

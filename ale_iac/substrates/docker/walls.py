@@ -77,6 +77,17 @@ def engine_security(engine: DockerClient) -> EngineSecurity:
     )
 
 
+def tool_checks() -> list[Check]:
+    """The host tools a unit's disk needs."""
+    checks = [
+        Check(tool, shutil.which(tool) is not None, shutil.which(tool) or "not installed", f"apt-get install -y {pkg}")
+        for tool, pkg in (("mkfs.ext4", "e2fsprogs"), ("mount", "mount"))
+    ]
+    loop = Path("/dev/loop-control").exists()
+    checks.append(Check("loop devices", loop, "/dev/loop-control" if loop else "missing", "modprobe loop"))
+    return checks
+
+
 def host_has_apparmor() -> bool:
     try:
         return Path("/sys/module/apparmor/parameters/enabled").read_text().strip() == "Y"
@@ -202,30 +213,8 @@ def volume_options(folder: Path) -> dict[str, Any]:
 # --- doctor ---------------------------------------------------------------------------------------------
 
 
-def host_checks(engine: DockerClient | None = None) -> list[Check]:
-    """What this host has for a docker unit's isolation: the engine's user namespace, seccomp, AppArmor,
-    cgroup version, and the tools for a unit's disk. For ``ale-iac doctor``."""
-    checks = [
-        Check(tool, shutil.which(tool) is not None, shutil.which(tool) or "not installed", f"apt-get install -y {pkg}")
-        for tool, pkg in (("mkfs.ext4", "e2fsprogs"), ("mount", "mount"))
-    ]
-    loop = Path("/dev/loop-control").exists()
-    checks.append(Check("loop devices", loop, "/dev/loop-control" if loop else "missing", "modprobe loop"))
-    if engine is not None:
-        return checks + _engine_checks(engine)
-    from ale_iac.substrates.docker.runtime import DockerSubstrateError, client
-
-    try:
-        own = client(timeout=10)
-    except DockerSubstrateError as exc:
-        return [*checks, Check("docker engine", False, str(exc), "scripts/dockerd.sh")]
-    try:
-        return checks + _engine_checks(own)
-    finally:
-        own.close()
-
-
-def _engine_checks(engine: DockerClient) -> list[Check]:
+def engine_checks(engine: DockerClient) -> list[Check]:
+    """What the engine confines units with, for ``ale-iac doctor`` (``runtime.host_checks``)."""
     security = engine_security(engine)
     return [
         Check(

@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ale_iac.substrates.docker import runtime
+from ale_iac.substrates.docker import runtime, walls
 from ale_iac.substrates.docker.runtime import DockerSandboxSpec, DockerSandboxState
+from ale_iac.substrates.seccomp import docker_profile
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 
 pytestmark = pytest.mark.docker
@@ -74,7 +75,16 @@ def test_limits_labels_and_hardening_are_applied(unit: DockerSandboxState, docke
     assert host["ShmSize"] == 512 * 2**20 and host["PidsLimit"] == 300
     assert host["ReadonlyRootfs"] is True and host["Privileged"] is False and not host["CapAdd"]
     assert set(host["CapDrop"]) == set(runtime.DROPPED_CAPS)
-    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["SecurityOpt"][0] == "no-new-privileges:true" and len(host["SecurityOpt"]) == 2
+    assert json.loads(host["SecurityOpt"][1].removeprefix("seccomp=")) == docker_profile()  # never the engine's
+    recorded = {limit.name: limit for limit in unit.limits}
+    for wall in ("userns", "seccomp", "disk", "nosuid"):  # ale-iac's own engine remaps
+        assert recorded[wall].applied, recorded[wall]
+    engine = runtime.client()
+    try:
+        assert recorded["apparmor"].applied == walls.engine_security(engine).apparmor
+    finally:
+        engine.close()
     # No host path is mounted: every bind is one of the unit's own volumes.
     assert sorted(b.split(":")[0] for b in host["Binds"]) == sorted(unit.volumes)
     assert all("/" not in b.split(":")[0] for b in host["Binds"])
@@ -222,6 +232,7 @@ def _leftovers(sandbox_id: str) -> list[str]:
             [f"container {c.name}" for c in client.containers.list(all=True, filters=label)]
             + [f"network {n.name}" for n in client.networks.list(filters=label)]
             + [f"volume {v.name}" for v in client.volumes.list(filters=label)]
+            + ([f"disk {sandbox_id}"] if walls.unit_dir(sandbox_id).exists() else [])
         )
     finally:
         client.close()
@@ -229,7 +240,10 @@ def _leftovers(sandbox_id: str) -> list[str]:
 
 def test_stop_leaves_no_container_network_or_volume(docker_image: str) -> None:
     state = runtime.start(DockerSandboxSpec(sandbox_id=new_sandbox_id("dkr-stop"), image=docker_image))
-    assert len(_leftovers(state.sandbox_id)) == 1 + 1 + len(runtime.VOLUMES)
+    assert len(_leftovers(state.sandbox_id)) == 1 + 1 + len(runtime.VOLUMES) + 1
+    disk = walls.unit_dir(state.sandbox_id) / walls.MOUNT_DIR
+    flags = os.statvfs(disk).f_flag
+    assert os.path.ismount(disk) and flags & os.ST_NOSUID and flags & os.ST_NODEV
     assert runtime.stop(state.sandbox_id) is True
     assert _leftovers(state.sandbox_id) == []
     assert runtime.inspect(state.sandbox_id) is None
@@ -288,14 +302,27 @@ def test_gc_removes_a_unit_whose_creator_was_killed(docker_image: str) -> None:
         client.volumes.create(f"ale-iac-{half}-data", labels=labels)
     finally:
         client.close()
-    assert _leftovers(crashed) and _leftovers(half)
+    # And one killed before its engine objects: only its disk.
+    early = new_sandbox_id("dkr-early")
+    walls.make_disk(early, 0.1, ["data"], (0, 0), {**labels, runtime.LABEL_SANDBOX: early})
+    assert _leftovers(crashed) and _leftovers(half) and _leftovers(early)
     listed = subprocess.run(
         [sys.executable, "-m", "ale_iac", "gc", "--dry-run"], capture_output=True, text=True, cwd=REPO, check=False
     )
-    assert listed.returncode == 0 and crashed in listed.stdout and half in listed.stdout, listed.stdout + listed.stderr
+    found = all(unit in listed.stdout for unit in (crashed, half, early))
+    assert listed.returncode == 0 and found, listed.stdout + listed.stderr
     assert _leftovers(crashed)
     swept = subprocess.run(
         [sys.executable, "-m", "ale_iac", "gc"], capture_output=True, text=True, cwd=REPO, check=False
     )
     assert swept.returncode == 0, swept.stdout + swept.stderr
-    assert _leftovers(crashed) == [] and _leftovers(half) == []
+    assert _leftovers(crashed) == [] and _leftovers(half) == [] and _leftovers(early) == []
+
+
+def test_doctor_checks_say_what_the_host_has_for_isolation(docker_engine: None) -> None:
+    checks = {check.name: check for check in runtime.host_checks()}
+    assert {"mkfs.ext4", "mount", "loop devices", "docker seccomp", "docker AppArmor"} <= set(checks)
+    userns = checks["docker user namespace"]
+    assert userns.ok and userns.detail.startswith("root in a unit is host uid "), userns  # ale-iac's own engine
+    assert int(userns.detail.rsplit(" ", 1)[1]) >= 65536
+    assert not checks["docker AppArmor"].required
