@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ale_iac import docker_engine
 from ale_iac.images import ensure_docker_image
 from ale_iac.substrates.docker import runtime, walls
 from tests.support.sandbox import Endpoint, wait_for_status
@@ -81,7 +82,7 @@ def _runs(image: str, userns: str, runs: int) -> None:
     for _ in range(runs):
         began = time.monotonic()
         extra = ["--userns=host"] if userns == "host" else []
-        argv = ["docker", "-H", runtime.engine_url(), "run", "--rm", "--network", "none", *extra]
+        argv = ["docker", "-H", docker_engine.engine_url(), "run", "--rm", "--network", "none", *extra]
         subprocess.run([*argv, "--entrypoint", "/bin/true", image], check=True)
         times.append(time.monotonic() - began)
     print(f"docker run --rm /bin/true, user namespace {userns}: {_span(times)} over {runs} runs")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ale_iac import docker_engine
 from ale_iac.substrates import isolation
-from ale_iac.substrates.docker import runtime, walls
+from ale_iac.substrates.docker import walls
 from ale_iac.substrates.docker.runtime import DockerSandboxState
 
 NOT_APPLICABLE = {
@@ -26,7 +27,7 @@ class DockerIsolation:
         self.state = state
 
     def host_pids(self) -> list[int]:
-        engine = runtime.client()
+        engine = docker_engine.client()
         try:
             top = engine.api.top(self.state.container_id, ps_args="-eo pid")
         finally:
@@ -41,7 +42,7 @@ class DockerIsolation:
 
     def tasks_in_use(self) -> int:
         """The container's pids cgroup, found from its init's ``/proc/<pid>/cgroup`` (v1 or v2, any driver)."""
-        engine = runtime.client()
+        engine = docker_engine.client()
         try:
             pid = int(engine.api.inspect_container(self.state.container_id)["State"]["Pid"])
         finally:

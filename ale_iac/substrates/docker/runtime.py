@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
-from ale_iac.docker_engine import client
+from ale_iac.docker_engine import DockerEngineError, client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import Check, fit_cpu_quota
 from ale_iac.paths import home_id
@@ -220,7 +220,7 @@ def host_checks() -> list[Check]:
     checks = walls.tool_checks()
     try:
         engine = client(timeout=10)
-    except DockerSubstrateError as exc:
+    except DockerEngineError as exc:
         return [*checks, Check("docker engine", False, str(exc), "scripts/dockerd.sh")]
     try:
         return checks + walls.engine_checks(engine)
