@@ -13,7 +13,8 @@ only: their units are reached over their endpoint and nothing else). A substrate
 * **images**: what the route's image needs before a unit can start (:meth:`Substrate.prepare_images`);
 * **lifecycle**: create, exists, destroy, reset (restore under the same id), current (its live endpoint);
 * **the host's view**: its units for ``gc`` (:meth:`Substrate.units`, :meth:`Substrate.leftovers`), limits as
-  applied, log tails for a unit that is not ready, ``doctor`` checks;
+  applied, log tails for a unit that is not ready, ``doctor`` checks, and the probe the inside-out isolation
+  suite drives (:meth:`Substrate.isolation_probe`, ``ale_iac/substrates/isolation.py``);
 * **capabilities** a substrate may lack, said in its type (:attr:`Substrate.capabilities`): bulk transport
   (:attr:`Substrate.transport`), a host channel into the unit for an in-sandbox agent's model, restore.
   :func:`require` refuses clearly, naming the substrate and the capability.
@@ -37,6 +38,7 @@ from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
 from ale_iac.images import require_image
 from ale_iac.profile import HostRoute
+from ale_iac.substrates.isolation import IsolationProbe
 
 LogFn = Callable[[str], None]
 
@@ -297,6 +299,11 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
     @abstractmethod
     def host_checks(self) -> list[HostCheck]:
         """What this host has for the substrate (``ale-iac doctor``)."""
+
+    @abstractmethod
+    def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
+        """The inside-out isolation suite's view of a started unit from the host (``state``: what the
+        substrate's driver returned when it started it; ``owner``: the host user that started it)."""
 
     def home_of(self, outputs: dict[str, Any]) -> Path | None:
         """The ale-iac home a unit was created in, from the folder its outputs recorded."""

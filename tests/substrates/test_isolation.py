@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from ale_iac.images import ImageInfo
-from ale_iac.substrates import isolation
+from ale_iac.substrates import isolation, registry
 from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.isolation import LocalIsolation
@@ -96,7 +96,7 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
     state = local_runtime.start(spec)
     try:
         wait_for_status(state)
-        yield SandboxUnderTest("local", LocalIsolation(state), Endpoint.of(state))
+        yield SandboxUnderTest("local", registry.get("local").isolation_probe(state), Endpoint.of(state))
     finally:
         local_runtime.stop(state.sandbox_id)
 
@@ -116,14 +116,15 @@ def _rootless_sut(user: HostUser) -> Iterator[SandboxUnderTest]:
     try:
         assert state.mode == local_runtime.MODE_ROOTLESS, state
         wait_for_status(state)
-        yield SandboxUnderTest("local-rootless", LocalIsolation(state, owner=user.uid), Endpoint.of(state), user.uid)
+        yield SandboxUnderTest(
+            "local-rootless", registry.get("local").isolation_probe(state, user.uid), Endpoint.of(state), user.uid
+        )
     finally:
         user.python(f"from ale_iac.substrates.local import runtime; runtime.stop({sandbox_id!r})")
 
 
 def _docker_sut(image: str) -> Iterator[SandboxUnderTest]:
     from ale_iac.substrates.docker import runtime as docker_runtime
-    from ale_iac.substrates.docker.isolation import DockerIsolation
 
     spec = docker_runtime.DockerSandboxSpec(
         sandbox_id=new_sandbox_id("isolation"), image=image, pids_limit=PIDS_LIMIT, disk_gb=DISK_GB
@@ -132,7 +133,7 @@ def _docker_sut(image: str) -> Iterator[SandboxUnderTest]:
     try:
         endpoint = Endpoint(state.endpoint, state.token)
         wait_for_status(endpoint)
-        yield SandboxUnderTest("docker", DockerIsolation(state), endpoint)
+        yield SandboxUnderTest("docker", registry.get("docker").isolation_probe(state), endpoint)
     finally:
         docker_runtime.stop(state.sandbox_id)
 
@@ -140,7 +141,6 @@ def _docker_sut(image: str) -> Iterator[SandboxUnderTest]:
 def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
     from ale_iac.substrates.qemu import runtime as qemu_runtime
     from ale_iac.substrates.qemu.disk import ensure_export as ensure_qcow2_image
-    from ale_iac.substrates.qemu.isolation import QemuIsolation
 
     disk = ensure_qcow2_image(desktop_image.name)
     spec = qemu_runtime.QemuSandboxSpec(
@@ -150,7 +150,7 @@ def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
     try:
         endpoint = Endpoint(state.endpoint, state.token)
         wait_for_status(endpoint)
-        yield SandboxUnderTest("qemu", QemuIsolation(state), endpoint)
+        yield SandboxUnderTest("qemu", registry.get("qemu").isolation_probe(state), endpoint)
     finally:
         qemu_runtime.stop(state.sandbox_id)
 
@@ -682,7 +682,6 @@ def test_the_added_checks_fail_on_a_weakened_docker_unit(docker_image: str, monk
     profile, plain engine volumes on the host's disk), each of them fails."""
     from ale_iac.substrates.docker import runtime as docker_runtime
     from ale_iac.substrates.docker import walls
-    from ale_iac.substrates.docker.isolation import DockerIsolation
 
     def weak_options(_security: walls.EngineSecurity) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
         return {"security_opt": ["no-new-privileges:true"], "userns_mode": "host"}, []
@@ -703,7 +702,9 @@ def test_the_added_checks_fail_on_a_weakened_docker_unit(docker_image: str, monk
     )
     state = docker_runtime.start(spec)
     try:
-        weak = SandboxUnderTest("docker", DockerIsolation(state), Endpoint(state.endpoint, state.token))
+        weak = SandboxUnderTest(
+            "docker", registry.get("docker").isolation_probe(state), Endpoint(state.endpoint, state.token)
+        )
         wait_for_status(weak.endpoint)
         for check in (
             check_root_is_unprivileged,

@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
-from ale_iac.docker_engine import DockerEngineError, client
+from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
-from ale_iac.hostcheck import Check, fit_cpu_quota
+from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
 from ale_iac.substrates.docker import walls
 
@@ -211,21 +211,6 @@ def bridge_name(sandbox_id: str, allow_outbound: bool) -> str:
 
     digest = hashlib.sha256(sandbox_id.encode()).hexdigest()[:10]
     return f"{OUTBOUND_BRIDGE if allow_outbound else NO_OUTBOUND_BRIDGE}{digest}"
-
-
-def host_checks() -> list[Check]:
-    """What this host has for a docker unit's isolation, for ``ale-iac doctor``: the tools of a unit's disk
-    (``mkfs.ext4``, ``mount``, loop devices), then what the engine confines units with (its user namespace,
-    seccomp, AppArmor, cgroup version), or that the engine does not answer."""
-    checks = walls.tool_checks()
-    try:
-        engine = client(timeout=10)
-    except DockerEngineError as exc:
-        return [*checks, Check("docker engine", False, str(exc), "scripts/dockerd.sh")]
-    try:
-        return checks + walls.engine_checks(engine)
-    finally:
-        engine.close()
 
 
 # --- the host firewall -------------------------------------------------------------------------------

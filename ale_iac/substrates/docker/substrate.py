@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr
 from ale_iac import clock, docker_engine
 from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
+from ale_iac.hostcheck import Check
 from ale_iac.images import ensure_docker_image, require_image
 from ale_iac.profile import DockerRoute
 from ale_iac.substrates.base import (
@@ -31,7 +32,9 @@ from ale_iac.substrates.base import (
     UnitShell,
     UnitState,
 )
-from ale_iac.substrates.docker import runtime
+from ale_iac.substrates.docker import runtime, walls
+from ale_iac.substrates.docker.isolation import DockerIsolation
+from ale_iac.substrates.isolation import IsolationProbe
 
 
 class DockerInputs(UnitInputs):
@@ -41,6 +44,7 @@ class DockerInputs(UnitInputs):
     memory_gb: float | None = None
     shm_gb: float = runtime.DEFAULT_SHM_GB
     pids_limit: int = runtime.DEFAULT_PIDS_LIMIT
+    disk_gb: float = runtime.DEFAULT_DISK_GB
     ttl_hours: float = 24.0
 
 
@@ -89,6 +93,7 @@ class DockerSubstrate(Substrate[DockerInputs, DockerState, DockerRoute]):
             memory_gb=shape.memory_gb,
             shm_gb=route.shm_gb,
             pids_limit=route.pids_limit,
+            disk_gb=shape.disk_gb or runtime.DEFAULT_DISK_GB,
             ttl_hours=route.ttl_hours,
         )
 
@@ -110,6 +115,7 @@ class DockerSubstrate(Substrate[DockerInputs, DockerState, DockerRoute]):
             pids_limit=inputs.pids_limit,
             labels=dict(inputs.labels),
             expires_at=expiry,
+            disk_gb=inputs.disk_gb,
         )
         state = runtime.start(spec)
         return DockerState(
@@ -169,31 +175,42 @@ class DockerSubstrate(Substrate[DockerInputs, DockerState, DockerRoute]):
         return None if limits is None else UnitLimits(limits=[Limit(**asdict(limit)) for limit in limits])
 
     def host_checks(self) -> list[HostCheck]:
-        """An engine that answers, the host firewall its units rely on, and the image exported into the engine
-        (made on first use if missing)."""
+        """The tools a unit's disk needs; an engine that answers, the host firewall its units rely on, the image
+        exported into the engine (made on first use if missing), and what the engine confines units with (its
+        user namespace, seccomp, AppArmor, cgroup version)."""
+        checks = [_host_check(check) for check in walls.tool_checks()]
         try:
             engine = docker_engine.client(timeout=10)
         except AleIacError as exc:
-            return [HostCheck("engine", False, str(exc))]
+            return [*checks, HostCheck("engine", False, str(exc))]
         try:
             version, info = engine.version(), engine.info()
             units = len(runtime.list_sandboxes(engine))
-            checks = [
+            checks.append(
                 HostCheck(
                     "engine",
                     True,
                     f"server {version.get('Version')}, {info.get('Driver')}, cgroup v{info.get('CgroupVersion')}, "
                     f"{units} unit container(s) of this home",
                 )
-            ]
-            ok, detail = runtime.firewall_status()
-            checks.append(
-                HostCheck("unit firewall", ok, detail if ok else f"{detail} (added on the first unit create)")
             )
+            ok, detail = runtime.firewall_status()
+            firewall = detail if ok else f"{detail} (added on the first unit create)"
+            checks.append(HostCheck("unit firewall", ok, firewall))
             checks.append(_image_check(engine))
-            return checks
+            return checks + [_host_check(check) for check in walls.engine_checks(engine)]
         finally:
             engine.close()
+
+    def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
+        del owner  # the engine's units: root's
+        assert isinstance(state, runtime.DockerSandboxState), state
+        return DockerIsolation(state)
+
+
+def _host_check(check: Check) -> HostCheck:
+    detail = check.detail if check.ok or not check.fix else f"{check.detail} ({check.fix})"
+    return HostCheck(check.name, check.ok, detail)
 
 
 def _image_check(engine: Any) -> HostCheck:

@@ -214,22 +214,22 @@ def volume_options(folder: Path) -> dict[str, Any]:
 
 
 def engine_checks(engine: DockerClient) -> list[Check]:
-    """What the engine confines units with, for ``ale-iac doctor`` (``runtime.host_checks``)."""
+    """What the engine confines units with, for ``ale-iac doctor`` (``DockerSubstrate.host_checks``)."""
     security = engine_security(engine)
     return [
         Check(
-            "docker user namespace",
+            "user namespace",
             security.userns,
             f"root in a unit is host uid {security.remap_uid}" if security.userns else "no userns-remap",
             "use ale-iac's own engine: scripts/dockerd.sh (unset DOCKER_HOST)",
         ),
-        Check("docker seccomp", security.seccomp, "units get ale-iac's profile" if security.seccomp else "off", ""),
+        Check("seccomp", security.seccomp, "units get ale-iac's profile" if security.seccomp else "off", ""),
         Check(
-            "docker AppArmor",
+            "AppArmor",
             security.apparmor,
             APPARMOR_PROFILE if security.apparmor else ("not used by the engine" if host_has_apparmor() else "none"),
             "",
             required=False,
         ),
-        Check("docker cgroup version", True, security.cgroup_version, ""),
+        Check("cgroup version", True, security.cgroup_version, ""),
     ]

@@ -22,7 +22,9 @@ from ale_iac.substrates.base import (
     UnitLimits,
     UnitState,
 )
+from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.local import runtime
+from ale_iac.substrates.local.isolation import LocalIsolation
 
 
 class LocalInputs(UnitInputs):
@@ -151,3 +153,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             )
             for check in runtime.host_checks()
         ]
+
+    def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
+        assert isinstance(state, runtime.LocalSandboxState), state
+        return LocalIsolation(state, owner)

@@ -32,8 +32,10 @@ from ale_iac.substrates.base import (
     UnitShell,
     UnitState,
 )
+from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.qemu import disk, launcher, runtime, saved
 from ale_iac.substrates.qemu import share as guest_share
+from ale_iac.substrates.qemu.isolation import QemuIsolation
 
 RUNNER_IMAGE = "qemu-runner"
 DEFAULT_VCPUS = 1
@@ -215,6 +217,11 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
             for build in saved.stale_builds()
         ]
         return found
+
+    def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
+        del owner  # QEMU runs as root
+        assert isinstance(state, runtime.QemuSandboxState), state
+        return QemuIsolation(state)
 
     def host_checks(self) -> list[HostCheck]:
         """QEMU, the accelerator it will use (KVM when usable, else TCG), the desktop image's qcow2 export."""

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ale_iac.substrates import registry
 from ale_iac.substrates.docker import runtime, walls
 from ale_iac.substrates.docker.runtime import DockerSandboxSpec, DockerSandboxState
 from ale_iac.substrates.seccomp import docker_profile
@@ -320,9 +321,9 @@ def test_gc_removes_a_unit_whose_creator_was_killed(docker_image: str) -> None:
 
 
 def test_doctor_checks_say_what_the_host_has_for_isolation(docker_engine: None) -> None:
-    checks = {check.name: check for check in runtime.host_checks()}
-    assert {"mkfs.ext4", "mount", "loop devices", "docker seccomp", "docker AppArmor"} <= set(checks)
-    userns = checks["docker user namespace"]
+    checks = {check.name: check for check in registry.get("docker").host_checks()}
+    assert {"mkfs.ext4", "mount", "loop devices", "engine", "seccomp", "AppArmor"} <= set(checks)
+    userns = checks["user namespace"]
     assert userns.ok and userns.detail.startswith("root in a unit is host uid "), userns  # ale-iac's own engine
     assert int(userns.detail.rsplit(" ", 1)[1]) >= 65536
-    assert not checks["docker AppArmor"].required
+    assert not checks["AppArmor"].required
