@@ -13,8 +13,9 @@ import json
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from ale_iac.errors import AleIacError, ConfigError, Problems
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
-from ale_iac.runner.experiment import Experiment, UnitPlan
+from ale_iac.runner.experiment import Experiment, ExperimentSpec, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
 from ale_iac.runner.model_plan import LOG_NAME as PLAN_LOG
 from ale_iac.runner.model_plan import PlanServer, plan_record
@@ -261,157 +262,180 @@ async def _run_all(
             handle.write(json.dumps(ctx.redactor.json(outcome.as_result())) + "\n")
 
     tasks = [asyncio.create_task(one(p), name=p.unit_id) for p in plans]
-    interrupts = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1:
-            progress.console.print(
-                f"\n[yellow]{signal.Signals(signum).name}: stopping; destroying in-flight units "
-                "(interrupt again to leave them)[/yellow]"
-            )
-            for task in tasks:
-                task.cancel()
-            return
-        left = ctx.registry.stacks
-        progress.console.print("\n[red]second interrupt: exiting without finishing cleanup[/red]")
-        if left:
-            progress.console.print("stacks left behind: " + ", ".join(left))
-            progress.console.print("remove them with:  ale-iac gc")
-        os._exit(130)
-
+    interrupts = _Interrupts(tasks, ctx.registry, progress.console)
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+        loop.add_signal_handler(signum, interrupts.on_signal, signum)
     try:
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    return outcomes, interrupts > 0
+    return outcomes, interrupts.count > 0
+
+
+@dataclass
+class _Interrupts:
+    """The first SIGINT/SIGTERM cancels every unit (each one's cleanup runs); a second one exits at once,
+    naming the stacks left behind."""
+
+    tasks: list[asyncio.Task[None]]
+    registry: RunRegistry
+    console: Console
+    count: int = 0
+
+    def on_signal(self, signum: int) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.console.print(
+                f"\n[yellow]{signal.Signals(signum).name}: stopping; destroying in-flight units "
+                "(interrupt again to leave them)[/yellow]"
+            )
+            for task in self.tasks:
+                task.cancel()
+            return
+        left = self.registry.stacks
+        self.console.print("\n[red]second interrupt: exiting without finishing cleanup[/red]")
+        if left:
+            self.console.print("stacks left behind: " + ", ".join(left))
+            self.console.print("remove them with:  ale-iac gc")
+        os._exit(130)
+
+
+@dataclass
+class _Sources:
+    """Where the run's sandboxes come from: the engine, a pool to lease from (a pool stack's, or a static
+    profile's endpoints) and/or the profile ephemeral stacks are made of, and what happens to them after."""
+
+    engine: Engine
+    pool: Pool | None
+    profile: Profile | None
+    cleanup: CleanupMode
+
+
+@dataclass
+class _RunRecord:
+    """The run's record folder and the units this attempt runs (``--resume``: those not finished yet)."""
+
+    run_id: str
+    run_dir: Path
+    plans: list[UnitPlan]
+    skipped: list[str] = field(default_factory=list)
 
 
 def _provisioners(
-    engine: Engine,
-    pool: Pool | None,
-    profile: Profile | None,
-    run_id: str,
-    cleanup: CleanupMode,
-    registry: RunRegistry,
-    unit_timeout_s: float,
-    retain_below: float | None = None,
+    sources: _Sources, run_id: str, registry: RunRegistry, spec: ExperimentSpec
 ) -> Callable[[], Provisioner]:
-    """Where each unit's sandbox comes from: a lease of ``pool`` (a pool stack's, or a static profile's),
-    or an ephemeral stack of ``profile``."""
+    """Where each unit's sandbox comes from: a lease of the pool (a pool stack's, or a static profile's),
+    or an ephemeral stack of the profile."""
+    pool, profile = sources.pool, sources.profile
     if pool is not None:
-        return lambda: PoolProvisioner(pool, lease_timeout_s=unit_timeout_s)
+        return lambda: PoolProvisioner(pool, lease_timeout_s=spec.unit_timeout_s)
     if profile is None:
         raise AleIacError("an experiment needs a profile or a pool")
-    return lambda: StackProvisioner(engine, profile, run_id, cleanup, registry, retain_below)
+    return lambda: StackProvisioner(sources.engine, profile, run_id, sources.cleanup, registry, spec.retain_below)
 
 
-def run_experiment(
-    experiment: Experiment,
-    *,
-    resume: bool = False,
-    console: Console | None = None,
-) -> RunSummary:
-    console = console or Console()
-    spec = experiment.spec
-    # Fail fast: whatever can be checked before a sandbox exists is checked before any is provisioned.
+def _checked(experiment: Experiment) -> tuple[dict[str, str], LoadedProfile | None]:
+    """Fail fast: whatever can be checked before a sandbox exists is checked before any is provisioned.
+    Returns the secrets the agents name and the profile (none for a pool run)."""
     secrets_env = _secrets(experiment)
     check_agents(experiment)
     # A profile is a file too: checked now, before agent CLIs are installed or the engine starts.
+    spec = experiment.spec
     loaded = None if spec.pool else resolve_profile(spec.profile or "local", named_in=experiment.source)
     if loaded is not None:
         _check_routes(experiment, loaded.profile)
-    redactor = Redactor(secrets_env.values())
-    clis = install_clis(experiment, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
+    return secrets_env, loaded
 
+
+def _say_dim(console: Console) -> Callable[[str], None]:
+    return lambda line: console.print(f"[dim]{line}[/dim]", highlight=False)
+
+
+def _read_pool(engine: Engine, experiment: Experiment) -> Pool:
+    """The experiment's pool, read once per run (not per unit); every task's snapshot must have units in it."""
+    assert experiment.spec.pool is not None
+    pool = Pool.read(engine, experiment.spec.pool)
+    problems = Problems()
+    for task in experiment.tasks:
+        try:
+            pool.units_for(task.card.snapshot)
+        except AleIacError as exc:
+            problems.add(task.folder / task.card_file, _snapshot_field(task), str(exc))
+    problems.raise_any()
+    return pool
+
+
+def _open_sources(experiment: Experiment, loaded: LoadedProfile | None, console: Console) -> _Sources:
+    """The engine, and the pool or the profile (its images made ready)."""
+    spec = experiment.spec
     engine = Engine()
-    profile: Profile | None = None
-    pool: Pool | None = None
     if spec.pool:
-        pool = Pool.read(engine, spec.pool)  # once per run, not per unit
-        problems = Problems()
-        for task in experiment.tasks:
-            try:
-                pool.units_for(task.card.snapshot)
-            except AleIacError as exc:
-                problems.add(task.folder / task.card_file, _snapshot_field(task), str(exc))
-        problems.raise_any()
-        cleanup = spec.cleanup or CleanupMode.DESTROY
-    else:
-        assert loaded is not None  # resolved above: not a pool run
-        profile = loaded.profile
-        cleanup = spec.cleanup or profile.cleanup
-        pool = static_pool(profile, engine.backend_url)  # its endpoints are leased like a pool's units
-        ensure_images(profile, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
+        return _Sources(engine, _read_pool(engine, experiment), None, spec.cleanup or CleanupMode.DESTROY)
+    assert loaded is not None  # resolved before: not a pool run
+    profile = loaded.profile
+    pool = static_pool(profile, engine.backend_url)  # its endpoints are leased like a pool's units
+    ensure_images(profile, log=_say_dim(console))
+    return _Sources(engine, pool, profile, spec.cleanup or profile.cleanup)
 
-    fingerprint = experiment.fingerprint()
+
+def _resume_record(experiment: Experiment, engine: Engine, console: Console) -> _RunRecord:
+    """The latest run of this experiment, if it is the same experiment: its crashed attempt's stacks destroyed,
+    its finished units skipped."""
+    run_dir = latest_run_dir(experiment)
+    if run_dir is None:
+        raise AleIacError(
+            f"nothing to resume: no earlier run of '{experiment.spec.name}' under {experiment.output_root}"
+        )
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    if manifest.get("fingerprint") != experiment.fingerprint():
+        raise AleIacError(
+            f"refusing to resume {run_dir}: the experiment changed since that run (agent presets or deployers, "
+            "task cards, hooks, inputs or references, profile or repeats differ); start a new run without --resume"
+        )
+    run_id = manifest["run_id"]
+    recover_crashed_attempt(
+        run_id, lambda stack: destroy_stack(engine, stack), lambda line: console.print(line, highlight=False)
+    )
+    done = _finished_units(run_dir)
     plans = experiment.units
-    skipped: list[str] = []
-    if resume:
-        run_dir = latest_run_dir(experiment)
-        if run_dir is None:
-            raise AleIacError(f"nothing to resume: no earlier run of '{spec.name}' under {experiment.output_root}")
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-        if manifest.get("fingerprint") != fingerprint:
-            raise AleIacError(
-                f"refusing to resume {run_dir}: the experiment changed since that run (agent presets or deployers, "
-                "task cards, hooks, inputs or references, profile or repeats differ); start a new run without --resume"
-            )
-        run_id = manifest["run_id"]
-        recover_crashed_attempt(
-            run_id, lambda stack: destroy_stack(engine, stack), lambda line: console.print(line, highlight=False)
-        )
-        done = _finished_units(run_dir)
-        skipped = [p.unit_id for p in plans if p.unit_id in done]
-        plans = [p for p in plans if p.unit_id not in done]
-        console.print(f"resuming {run_dir}: {len(skipped)} finished, {len(plans)} to run")
-    else:
-        run_id, run_dir = _new_run_dir(experiment)
-        run_dir.mkdir(parents=True, exist_ok=False)
-        (run_dir / MANIFEST).write_text(
-            json.dumps(
-                redactor.json(
-                    {
-                        "run_id": run_id,
-                        "fingerprint": fingerprint,
-                        "experiment": str(experiment.source),
-                        "spec": spec.model_dump(mode="json"),
-                        "cleanup": cleanup.value,
-                        **setup_record(experiment, loaded),
-                        "units": [p.unit_id for p in plans],
-                        **({"model_plan": plan_record(experiment.model_plan)} if experiment.model_plan else {}),
-                    }
-                ),
-                indent=2,
-            )
-        )
+    record = _RunRecord(
+        run_id, run_dir, [p for p in plans if p.unit_id not in done], [p.unit_id for p in plans if p.unit_id in done]
+    )
+    console.print(f"resuming {run_dir}: {len(record.skipped)} finished, {len(record.plans)} to run")
+    return record
 
-    registry = RunRegistry(run_id, run_dir, keep_retained=resume)
-    progress = Progress(plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {run_id}")
-    provisioner = _provisioners(
-        engine, pool, profile, run_id, cleanup, registry, spec.unit_timeout_s, spec.retain_below
-    )
-    ctx = RunContext(
-        run_id=run_id,
-        run_dir=run_dir,
-        provisioner=provisioner,
-        cleanup=cleanup,
-        unit_timeout_s=spec.unit_timeout_s,
-        registry=registry,
-        redactor=redactor,
-        secrets_env=secrets_env,
-        on_phase=progress.phase,
-        clis=clis,
-    )
+
+def _new_record(
+    experiment: Experiment, loaded: LoadedProfile | None, cleanup: CleanupMode, redactor: Redactor
+) -> _RunRecord:
+    """A new run folder and its manifest (redacted): what runs, where, and the fingerprint ``--resume`` checks."""
+    run_id, run_dir = _new_run_dir(experiment)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    plans = experiment.units
+    manifest = {
+        "run_id": run_id,
+        "fingerprint": experiment.fingerprint(),
+        "experiment": str(experiment.source),
+        "spec": experiment.spec.model_dump(mode="json"),
+        "cleanup": cleanup.value,
+        **setup_record(experiment, loaded),
+        "units": [p.unit_id for p in plans],
+        **({"model_plan": plan_record(experiment.model_plan)} if experiment.model_plan else {}),
+    }
+    (run_dir / MANIFEST).write_text(json.dumps(redactor.json(manifest), indent=2))
+    return _RunRecord(run_id, run_dir, plans)
+
+
+@contextmanager
+def _shared_services(experiment: Experiment, ctx: RunContext, console: Console) -> Iterator[None]:
+    """The services every unit of the run shares, started and closed around the units: the model plan's scripted
+    server, the model gateway, the warm bridges (an optimisation: without them each bridge starts the slow way)."""
     warm = warm_bridges(experiment)
-    plan_server = PlanServer(experiment.model_plan, run_dir / PLAN_LOG) if experiment.model_plan else None
+    plan_server = PlanServer(experiment.model_plan, ctx.run_dir / PLAN_LOG) if experiment.model_plan else None
     try:
         if plan_server is not None:
-            redactor.add(plan_server.key)
+            ctx.redactor.add(plan_server.key)
             plan_server.start()
             ctx.model_upstream = plan_server.upstream
             ctx.model_plan = plan_record(plan_server.plan)
@@ -423,8 +447,7 @@ def run_experiment(
                 os.environ.update(warm.env)  # the agents' bridges (``ale-iac mcp``) find it there
             except (RuntimeError, OSError) as exc:  # an optimisation: bridges then start the slow way
                 console.print(f"[yellow]warm bridges unavailable ({exc}); each bridge starts on its own[/yellow]")
-        with progress.display():
-            outcomes, interrupted = asyncio.run(_run_all(plans, ctx, spec.concurrency, progress))
+        yield
     finally:
         if warm is not None:
             os.environ.pop(WARM_ENV, None)
@@ -433,18 +456,59 @@ def run_experiment(
             ctx.gateway.close()
         if plan_server is not None:
             plan_server.close()
-        registry.close()
-        engine.close()
+
+
+def _summary(record: _RunRecord, outcomes: list[UnitOutcome], interrupted: bool) -> RunSummary:
     outcomes.sort(key=lambda o: o.unit_id)
     ended = {o.unit_id for o in outcomes}
     return RunSummary(
-        run_id=run_id,
-        run_dir=run_dir,
+        run_id=record.run_id,
+        run_dir=record.run_dir,
         outcomes=outcomes,
-        skipped=skipped,
+        skipped=record.skipped,
         interrupted=interrupted,
-        not_started=[p.unit_id for p in plans if p.unit_id not in ended],
+        not_started=[p.unit_id for p in record.plans if p.unit_id not in ended],
     )
+
+
+def run_experiment(
+    experiment: Experiment,
+    *,
+    resume: bool = False,
+    console: Console | None = None,
+) -> RunSummary:
+    console = console or Console()
+    spec = experiment.spec
+    secrets_env, loaded = _checked(experiment)
+    redactor = Redactor(secrets_env.values())
+    clis = install_clis(experiment, log=_say_dim(console))
+
+    sources = _open_sources(experiment, loaded, console)
+    if resume:
+        record = _resume_record(experiment, sources.engine, console)
+    else:
+        record = _new_record(experiment, loaded, sources.cleanup, redactor)
+    registry = RunRegistry(record.run_id, record.run_dir, keep_retained=resume)
+    progress = Progress(record.plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {record.run_id}")
+    ctx = RunContext(
+        run_id=record.run_id,
+        run_dir=record.run_dir,
+        provisioner=_provisioners(sources, record.run_id, registry, spec),
+        cleanup=sources.cleanup,
+        unit_timeout_s=spec.unit_timeout_s,
+        registry=registry,
+        redactor=redactor,
+        secrets_env=secrets_env,
+        on_phase=progress.phase,
+        clis=clis,
+    )
+    try:
+        with _shared_services(experiment, ctx, console), progress.display():
+            outcomes, interrupted = asyncio.run(_run_all(record.plans, ctx, spec.concurrency, progress))
+    finally:
+        registry.close()
+        sources.engine.close()
+    return _summary(record, outcomes, interrupted)
 
 
 def mean_line(outcomes: list[UnitOutcome]) -> str | None:
