@@ -19,8 +19,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ale_iac.sandbox.client import CommandResult, ComputerServerClient
+from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.sandbox.protocol import CommandResult
 
 __all__ = ["Evaluation", "TaskSandbox", "shell_quote"]
 

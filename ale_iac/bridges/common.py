@@ -25,13 +25,9 @@ from mcp.server.stdio import stdio_server
 from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import ValidationError
 
-from ale_iac.sandbox.client import (
-    ComputerServerClient,
-    ComputerServerError,
-    ServerUnreachableError,
-    UnsupportedServerError,
-)
+from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.keys import UnknownKeyError
+from ale_iac.sandbox.protocol import ComputerServerError, ServerUnreachableError, UnsupportedServerError
 
 ClientFactory = Callable[[], ComputerServerClient]
 """Returns the client a bridge uses; called once, on the first tool call."""

@@ -18,7 +18,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from ale_iac.bridges.common import BridgeServer, BridgeState, ClientFactory, failing, make_tool
-from ale_iac.sandbox.client import PtyOutput
+from ale_iac.sandbox.protocol import PtyOutput
 
 OVERFLOW_NOTE = "[earlier output dropped — buffer overflow]\n"
 

@@ -42,7 +42,8 @@ from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
 from ale_iac.executors.workdir import HostWorkDir
-from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.protocol import ComputerServerError
 from ale_iac.substrates import registry
 from ale_iac.substrates.base import Capability
 from ale_iac.task import shell_quote

@@ -23,16 +23,22 @@ import json
 import math
 import re
 import shlex
-from collections import deque
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
 import httpx
 
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
-from ale_iac.errors import AleIacError, squash
 from ale_iac.sandbox.keys import normalize_key, normalize_keys
+from ale_iac.sandbox.protocol import (
+    CommandResult,
+    ComputerServerError,
+    PtyOutput,
+    ServerUnreachableError,
+    ServerVersion,
+    UnsupportedServerError,
+)
+from ale_iac.sandbox.pty import PtySession
 
 MouseButton = Literal["left", "right", "middle"]
 ScrollDirection = Literal["up", "down", "left", "right"]
@@ -40,7 +46,6 @@ ScrollDirection = Literal["up", "down", "left", "right"]
 BUTTONS: Final = ("left", "right", "middle")
 DIRECTIONS: Final = ("up", "down", "left", "right")
 
-SUPPORTED_SERVERS: Final = "cua-computer-server 0.3.x with protocol 1 (images ship 0.3.46)"
 _SUPPORTED_PACKAGE = re.compile(r"^0\.3\.\d+$")
 _SUPPORTED_PROTOCOL: Final = 1
 
@@ -58,125 +63,6 @@ PTY_SETTLE_MS: Final = 50
 """A PTY read that got output returns once the output has paused this long."""
 _READ_RETRIES: Final = 3
 _RETRY_BACKOFF_S: Final = (0.1, 0.4)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Errors and results
-# ----------------------------------------------------------------------------------------------------
-
-
-class ComputerServerError(AleIacError):
-    """The computer-server refused or failed a command. ``message`` is the server's own text, on one line."""
-
-    def __init__(self, endpoint: str, command: str, message: str) -> None:
-        self.endpoint = endpoint
-        self.command = command
-        self.message = squash(message)
-        super().__init__(self._summary())
-
-    def _summary(self) -> str:
-        return f"computer-server {self.endpoint}: {self.command} failed: {self.message}"
-
-
-class ServerUnreachableError(ComputerServerError):
-    """The request did not complete at the transport level (refused, reset, timed out)."""
-
-    def _summary(self) -> str:
-        return f"computer-server {self.endpoint} unreachable during {self.command}: {self.message}"
-
-
-class UnsupportedServerError(ComputerServerError):
-    """The server runs a version this client was not written and tested for."""
-
-    def __init__(self, endpoint: str, version: ServerVersion, reason: str = "") -> None:
-        detail = f"version {version.package} (protocol {version.protocol}) is not supported"
-        if reason:
-            detail += f": {reason}"
-        super().__init__(endpoint, "version", f"{detail}; supported: {SUPPORTED_SERVERS}")
-        self.version = version
-
-
-@dataclass(frozen=True, slots=True)
-class ServerVersion:
-    package: str
-    protocol: int
-
-
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PtyOutput:
-    data: bytes
-    """Output since the previous read (at most ``max_bytes``)."""
-    exited: bool
-    """The process has exited and everything it wrote has been read."""
-    exit_code: int | None
-    dropped: int = 0
-    """Bytes dropped before this read because the buffer overflowed."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# PTY session state (bridge side of the server's push-only stream)
-# ----------------------------------------------------------------------------------------------------
-
-
-class _PtySession:
-    """Output of one PTY as received from ``GET /pty/{pid}/stream``, buffered until read."""
-
-    def __init__(self, pid: int, limit: int) -> None:
-        self.pid = pid
-        self.limit = limit
-        self.chunks: deque[bytes] = deque()
-        self.size = 0
-        self.dropped = 0
-        self.exited = False
-        self.exit_code: int | None = None
-        self.changed = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    def push(self, data: bytes) -> None:
-        if not data:
-            return
-        self.chunks.append(data)
-        self.size += len(data)
-        while self.size > self.limit:
-            head = self.chunks[0]
-            excess = self.size - self.limit
-            if len(head) <= excess:
-                self.chunks.popleft()
-                self.size -= len(head)
-                self.dropped += len(head)
-            else:
-                self.chunks[0] = head[excess:]
-                self.size -= excess
-                self.dropped += excess
-        self.changed.set()
-
-    def finish(self, code: int | None) -> None:
-        """The process exited with ``code``, or (None) the stream broke and its exit is unknown."""
-        if not self.exited:
-            self.exited = True
-            self.exit_code = code
-        self.changed.set()
-
-    def drain(self, max_bytes: int) -> tuple[bytes, int]:
-        out = bytearray()
-        while self.chunks and len(out) < max_bytes:
-            head = self.chunks.popleft()
-            room = max_bytes - len(out)
-            if len(head) > room:
-                self.chunks.appendleft(head[room:])
-                head = head[:room]
-            out += head
-            self.size -= len(head)
-        dropped, self.dropped = self.dropped, 0
-        return bytes(out), dropped
 
 
 # The server runs a PTY command as ``/bin/sh -c COMMAND`` in a new session, and its output stream does not
@@ -232,7 +118,7 @@ class ComputerServerClient:
             transport=transport,
             headers=headers,
         )
-        self._ptys: dict[int, _PtySession] = {}
+        self._ptys: dict[int, PtySession] = {}
         self._os_type: str | None = None
 
     async def __aenter__(self) -> Self:
@@ -659,7 +545,7 @@ class ComputerServerClient:
             pid = int(info["pid"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ComputerServerError(self.endpoint, "pty_start", f"malformed reply: {info!r}") from exc
-        session = _PtySession(pid, PTY_BUFFER_BYTES)
+        session = PtySession(pid, PTY_BUFFER_BYTES)
         subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         session.task = asyncio.create_task(self._pty_pump(session, subscribed), name=f"pty-stream-{pid}")
         self._ptys[pid] = session
@@ -674,7 +560,7 @@ class ComputerServerClient:
             raise
         return pid
 
-    async def _pty_pump(self, session: _PtySession, subscribed: asyncio.Future[None]) -> None:
+    async def _pty_pump(self, session: PtySession, subscribed: asyncio.Future[None]) -> None:
         """Copy ``/pty/{pid}/stream`` events into the session buffer until the exit event."""
         error: str | None = "stream ended without an exit event"
         try:
@@ -712,7 +598,7 @@ class ComputerServerClient:
             if error is not None:
                 session.finish(None)
 
-    def _session(self, command: str, pid: int) -> _PtySession:
+    def _session(self, command: str, pid: int) -> PtySession:
         session = self._ptys.get(pid)
         if session is None:
             raise ComputerServerError(self.endpoint, command, f"no PTY session with pid {pid}")

@@ -33,7 +33,8 @@ class ReadyReport:
 
 async def wait_ready(handle: SandboxHandle, timeout_s: float, *, min_poll_s: float = 0.05) -> ReadyReport:
     """Wait until ``handle``'s server runs a command and takes a screenshot, or raise."""
-    from ale_iac.sandbox.client import ComputerServerClient, UnsupportedServerError
+    from ale_iac.sandbox.client import ComputerServerClient
+    from ale_iac.sandbox.protocol import UnsupportedServerError
 
     start = time.monotonic()
     deadline = start + timeout_s

@@ -14,7 +14,8 @@ from rich.console import Console
 
 from ale_iac.cli.sandbox import ls_table
 from ale_iac.engine import Engine
-from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.protocol import ComputerServerError
 from ale_iac.substrates.local import runtime as local_runtime
 from tests.support.cli import ale_iac
 

@@ -12,7 +12,8 @@ from typing import Any, cast
 import pytest
 
 from ale_iac.executors.sandbox import _Mirror
-from ale_iac.sandbox.client import ComputerServerClient, ComputerServerError
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.protocol import ComputerServerError
 
 REMOTE = "/work"
 

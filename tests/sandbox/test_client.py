@@ -15,15 +15,9 @@ import anyio
 import httpx
 import pytest
 
-from ale_iac.sandbox.client import (
-    FILE_CHUNK_BYTES,
-    ComputerServerClient,
-    ComputerServerError,
-    ServerUnreachableError,
-    ServerVersion,
-    UnsupportedServerError,
-)
+from ale_iac.sandbox.client import FILE_CHUNK_BYTES, ComputerServerClient
 from ale_iac.sandbox.keys import UnknownKeyError, normalize_key, normalize_keys
+from ale_iac.sandbox.protocol import ComputerServerError, ServerUnreachableError, ServerVersion, UnsupportedServerError
 from tests.support import desktop
 from tests.support.sandbox import Endpoint
 
