@@ -31,7 +31,7 @@ from ale_iac.runner.ale_tasks import LocalTaskData, load_ale_task  # noqa: E402
 from ale_iac.runner.tasks import Task, UnitTask, load_task  # noqa: E402
 from ale_iac.sandbox.handle import SandboxHandle  # noqa: E402
 from ale_iac.substrates.local import runtime as local_runtime  # noqa: E402
-from ale_iac.substrates.local.runtime import LocalSandboxSpec  # noqa: E402
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec  # noqa: E402
 from tests.support.ale_tasks import make_ale_lab  # noqa: E402
 from tests.support.sandbox import handle_of, wait_for_status  # noqa: E402
 from tests.support.tasks import make_task  # noqa: E402

@@ -96,13 +96,14 @@ async def run(endpoint: str, token: str | None, runs: int, warmup: int) -> None:
 def local_sandbox() -> Iterator[tuple[str, str]]:
     from ale_iac.images import build_image
     from ale_iac.substrates.local import runtime as local_runtime
-    from ale_iac.substrates.local.runtime import LocalSandboxSpec
+    from ale_iac.substrates.local import sandboxes as local_sandboxes
+    from ale_iac.substrates.local.sandboxes import LocalSandboxSpec
 
     image = build_image("desktop")
     spec = LocalSandboxSpec(sandbox_id=f"bench-{int(time.time())}", rootfs=str(image.rootfs))
     state = local_runtime.start(spec)
     try:
-        token = local_runtime.auth_token(state)
+        token = local_sandboxes.auth_token(state)
         asyncio.run(_wait_ready(state.endpoint, token))
         yield state.endpoint, token
     finally:

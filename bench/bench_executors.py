@@ -37,7 +37,7 @@ from ale_iac.agent_sdk.executor_registry import executor_class  # noqa: E402
 from ale_iac.images import require_image  # noqa: E402
 from ale_iac.runner.records import Redactor  # noqa: E402
 from ale_iac.substrates.local import runtime as local_runtime  # noqa: E402
-from ale_iac.substrates.local.runtime import LocalSandboxSpec  # noqa: E402
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec  # noqa: E402
 from tests.support.sandbox import handle_of, wait_for_status  # noqa: E402
 
 PROBE = REPO / "tests" / "executors" / "presets" / "probe"

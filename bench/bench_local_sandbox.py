@@ -37,8 +37,10 @@ import httpx
 
 from ale_iac import procs
 from ale_iac.images import ImageInfo, build_image, require_image
+from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.local import sandboxes as local_sandboxes
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
 
 POLL_INTERVAL_S = 0.02
 READY_TIMEOUT_S = 120.0
@@ -54,7 +56,7 @@ class StartSample:
 def wait_for_status(state: LocalSandboxState, started: float) -> float:
     endpoint = state.endpoint
     deadline = started + READY_TIMEOUT_S
-    with httpx.Client(timeout=2.0, headers={"Authorization": f"Bearer {local_runtime.auth_token(state)}"}) as client:
+    with httpx.Client(timeout=2.0, headers={"Authorization": f"Bearer {local_sandboxes.auth_token(state)}"}) as client:
         while True:
             try:
                 if client.get(f"{endpoint}/status").status_code == 200:
@@ -137,7 +139,7 @@ def idle_rss(image: ImageInfo, home: Path, settle_s: float) -> tuple[int, dict[s
     state = kept[0]
     try:
         time.sleep(settle_s)  # let the server finish its startup work: this measures an idle sandbox
-        pids = local_runtime.sandbox_pids(state)
+        pids = local_sandboxes.sandbox_pids(state)
         per_process = {f"{process_name(pid)} ({pid})": procs.rss_bytes([pid]) for pid in pids}
         return procs.rss_bytes(pids), per_process
     finally:
@@ -208,9 +210,9 @@ def measure_starts(image: ImageInfo, args: argparse.Namespace) -> Starts:
             parallel += samples
             walls.append(wall)
         rss_total, rss_parts = idle_rss(image, home, args.settle)
-        leftovers = local_runtime.list_sandboxes(home=home)
+        leftovers = local_sandboxes.list_sandboxes(home=home)
     finally:
-        for state in local_runtime.list_sandboxes(home=home):
+        for state in local_sandboxes.list_sandboxes(home=home):
             local_runtime.stop(state.sandbox_id, home=home)
         shutil.rmtree(home, ignore_errors=True)
     return Starts(sequential, parallel, walls, rss_total, rss_parts, len(leftovers), load_before)
@@ -221,7 +223,7 @@ def print_report(
 ) -> None:
     print()
     print(
-        f"mode {local_runtime.host_mode()} (uid {os.geteuid()}); "
+        f"mode {local_host.host_mode()} (uid {os.geteuid()}); "
         f"image {image.ref}: {image.size_bytes / 2**20:.0f} MiB, computer-server {image.computer_server_version}; "
         f"host {os.cpu_count()} CPUs"
     )

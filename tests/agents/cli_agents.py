@@ -34,7 +34,7 @@ from ale_iac.llm.scripted import ScriptedModelServer
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -154,7 +154,7 @@ def run_unit(
 
 
 def sandbox_handle(state: Any) -> SandboxHandle:
-    handle = SandboxHandle.for_endpoint(str(state.endpoint), token=local_runtime.auth_token(state))
+    handle = SandboxHandle.for_endpoint(str(state.endpoint), token=local_sandboxes.auth_token(state))
     asyncio.run(wait_ready(handle, 90))
     return handle
 

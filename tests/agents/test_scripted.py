@@ -33,7 +33,7 @@ from ale_iac.runner.records import Redactor
 from ale_iac.runner.tasks import load_task, load_task_list, upload_dir
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.task import TaskSandbox
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ class UnitResult:
 
 @pytest.fixture(scope="module")
 def handle(local_sandbox: Any) -> SandboxHandle:
-    sandbox = SandboxHandle.for_endpoint(str(local_sandbox.endpoint), token=local_runtime.auth_token(local_sandbox))
+    sandbox = SandboxHandle.for_endpoint(str(local_sandbox.endpoint), token=local_sandboxes.auth_token(local_sandbox))
     asyncio.run(wait_ready(sandbox, 90))
     return sandbox
 

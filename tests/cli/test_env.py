@@ -12,6 +12,7 @@ import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 
 REPO = Path(__file__).resolve().parents[2]
 BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -88,7 +89,7 @@ def _leave_nothing() -> None:
     engine = Engine()
     for info in engine.list_stacks():
         engine.recover(info.name)
-    for state in local_runtime.list_sandboxes():
+    for state in local_sandboxes.list_sandboxes():
         local_runtime.stop(state.sandbox_id)
 
 
@@ -102,7 +103,7 @@ def test_readme_pool_block_runs_as_written_and_leaves_nothing(tmp_path: Path) ->
     try:
         done = _bash(block, cwd=project, timeout=540)
         stacks_left = [info.name for info in Engine().list_stacks()]
-        sandboxes_left = [state.sandbox_id for state in local_runtime.list_sandboxes()]
+        sandboxes_left = [state.sandbox_id for state in local_sandboxes.list_sandboxes()]
     finally:
         _leave_nothing()
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -16,7 +16,7 @@ from ale_iac.cli.sandbox import ls_table
 from ale_iac.engine import Engine
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import ComputerServerError
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.cli import ale_iac
 
 
@@ -40,7 +40,7 @@ def test_create_use_list_and_destroy_a_sandbox() -> None:
     try:
         said = asyncio.run(use(token))
     except Exception as exc:
-        tails = "\n".join(local_runtime.log_tails(state) for state in local_runtime.list_sandboxes())
+        tails = "\n".join(local_sandboxes.log_tails(state) for state in local_sandboxes.list_sandboxes())
         raise AssertionError(f"the sandbox stopped answering: {exc}\n{tails}") from exc
     assert said.startswith("hi from ")
     with pytest.raises(ComputerServerError, match="HTTP 401"):
@@ -51,7 +51,7 @@ def test_create_use_list_and_destroy_a_sandbox() -> None:
     destroyed = ale_iac("sandbox", "destroy", handle["stack"])
     assert destroyed.returncode == 0 and f"destroyed {handle['stack']}" in destroyed.stdout
     assert json.loads(ale_iac("sandbox", "ls", "--json").stdout) == []
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
 
 
 @pytest.mark.engine
@@ -61,7 +61,7 @@ def test_a_malformed_profile_gives_one_clear_error_and_creates_nothing(tmp_path:
     result = ale_iac("sandbox", "create", "--profile", str(bad))
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {bad}: ale-iac:profile.snapshots.s.vcpu: unknown key"
-    assert Engine().list_stacks() == [] and local_runtime.list_sandboxes() == []
+    assert Engine().list_stacks() == [] and local_sandboxes.list_sandboxes() == []
 
 
 @pytest.mark.engine

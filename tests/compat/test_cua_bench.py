@@ -11,7 +11,7 @@ import pytest
 
 from ale_iac.compat import cua_bench_importable
 from ale_iac.compat.cua_bench import ROLE_ATTR, CommandFailedError, DesktopSession, Task, evaluate_task, setup_task
-from ale_iac.substrates.local.runtime import LocalSandboxState
+from ale_iac.substrates.local.sandboxes import LocalSandboxState
 from tests.support.sandbox import handle_of
 
 

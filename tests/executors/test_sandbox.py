@@ -17,7 +17,7 @@ from ale_iac.agent_sdk import AgentConfig, AgentRunResult, load_deployer_class
 from ale_iac.executors.sandbox import SandboxExecutor
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
-from ale_iac.substrates.local.runtime import LocalSandboxState
+from ale_iac.substrates.local.sandboxes import LocalSandboxState
 from tests.support.sandbox import handle_of, run
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-executor"), pytest.mark.timeout(300)]

@@ -23,6 +23,7 @@ from ale_iac.infra.local import LocalSandboxProvider
 from ale_iac.infra.mocks import RecordingMocks, install
 from ale_iac.profile import LocalRoute
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.substrates.local.substrate import LocalInputs
 from tests.support.sandbox import Endpoint, run, wait_for_status
 
@@ -59,7 +60,7 @@ def test_sandbox_ids_are_safe_and_unique() -> None:
     ids = {new_sandbox_id("stack-unit") for _ in range(50)}
     assert len(ids) == 50
     for sandbox_id in ids:
-        local_runtime.check_sandbox_id(sandbox_id)
+        local_sandboxes.check_sandbox_id(sandbox_id)
         assert sandbox_id.startswith("stack-unit-")
 
 
@@ -178,7 +179,7 @@ def test_create_and_delete_called_directly(desktop_image: ImageInfo) -> None:
         assert provider.read(result.id, outs).id == result.id
     finally:
         provider.delete(result.id, result.outs or {})
-    assert local_runtime.load_state(result.id) is None
+    assert local_sandboxes.load_state(result.id) is None
     provider.delete(result.id, result.outs or {})  # idempotent
     assert provider.read(result.id, result.outs or {}).id is None
 
@@ -212,8 +213,8 @@ def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_imag
     sandbox_id = reply["id"]
     try:
         # The creating process has exited; the sandbox lives on, detached from it.
-        state = local_runtime.load_state(sandbox_id)
-        assert state is not None and local_runtime.is_alive(state)
+        state = local_sandboxes.load_state(sandbox_id)
+        assert state is not None and local_sandboxes.is_alive(state)
         wait_for_status(Endpoint(reply["outs"]["endpoint"], reply["outs"]["endpoint_token"]))
         delete_code = textwrap.dedent(
             """
@@ -233,6 +234,6 @@ def test_provider_round_trips_through_dill_and_runs_in_a_subprocess(desktop_imag
             timeout=60,
         )
         assert deleted.returncode == 0, deleted.stderr
-        assert local_runtime.load_state(sandbox_id) is None
+        assert local_sandboxes.load_state(sandbox_id) is None
     finally:
         local_runtime.stop(sandbox_id)

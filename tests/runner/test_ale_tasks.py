@@ -18,7 +18,7 @@ from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.tasks import TaskDataMissingError, download_dir
 from ale_iac.sandbox.handle import SandboxHandle
-from ale_iac.substrates.local.runtime import LocalSandboxState
+from ale_iac.substrates.local.sandboxes import LocalSandboxState
 from ale_iac.task import Evaluation
 from tests.support.ale_tasks import make_ale_lab
 from tests.support.sandbox import handle_of

@@ -22,7 +22,7 @@ from ale_iac.runner.evaluation import RunSummary, print_summary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.run_claims import read_claims
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.tasks import make_preset, make_task
 
 # One xdist group (the module's tests on one worker; what they count is this test's home's, and the hanging
@@ -70,7 +70,7 @@ def _agent_processes() -> list[str]:
 def _assert_nothing_left(engine: Engine | None = None) -> None:
     engine = engine or Engine()
     assert engine.list_stacks() == []
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
     assert not any(c.stacks for c in read_claims())
     # A killed agent is gone once the kernel delivers the kill (its runner may have just exited).
     deadline = time.monotonic() + 10
@@ -131,7 +131,7 @@ def test_cleanup_modes_do_what_they_say(lab: Path) -> None:
     assert collect(engine).destroyed == []
     assert kept.stack is not None
     engine.destroy(kept.stack)
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
 
     everything = _run(_experiment(lab, ["writer"], ["answer"], cleanup="retain"))
     [unit] = everything.outcomes
@@ -282,7 +282,7 @@ def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     engine = Engine()
-    assert len(engine.list_stacks()) == 2 and len(local_runtime.list_sandboxes()) == 2
+    assert len(engine.list_stacks()) == 2 and len(local_sandboxes.list_sandboxes()) == 2
     dry = collect(engine, dry_run=True)
     assert len(dry.destroyed) == 2 and len(engine.list_stacks()) == 2
     # The run's warm bridge process died with its group, leaving its socket's folder: gc removes it.

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.rootless import HostUser
 
 pytestmark = [
@@ -32,7 +32,7 @@ def test_the_demo_scores_one_as_a_normal_user(rootless_user: HostUser) -> None:
     (run_dir,) = list(out_dir.iterdir())
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert len(results) == 3 and {r["score"] for r in results} == {1.0}, results
-    assert local_runtime.list_sandboxes(home=rootless_user.ale_home) == []
+    assert local_sandboxes.list_sandboxes(home=rootless_user.ale_home) == []
     assert rootless_user.processes() == []
     gc = rootless_user.run([sys.executable, "-m", "ale_iac", "gc", "--dry-run"], timeout=120)
     assert gc.returncode == 0 and "nothing to collect" in gc.stdout, gc.stdout + gc.stderr

@@ -34,6 +34,7 @@ from ale_iac.profile import Profile, resolve_profile
 from ale_iac.provision import UNIT_NAME, up_unit
 from ale_iac.runner.gc import collect
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.cli import ale_iac
 
 # One xdist group: the module's tests on one worker. What they count (stacks, sandboxes, processes) is their
@@ -51,7 +52,7 @@ pytestmark = [
 def _stop_what_is_left() -> Iterator[None]:
     """A failing test still leaves no sandbox running (its home's folder is deleted later by pytest)."""
     yield
-    for state in local_runtime.list_sandboxes():
+    for state in local_sandboxes.list_sandboxes():
         local_runtime.stop(state.sandbox_id)
 
 
@@ -75,7 +76,7 @@ def _temp_name(path: Path) -> Path:
 
 def _sandbox_processes(home: Path) -> list[str]:
     """Processes of this home's local sandboxes: a sandbox folder in their argv or as their working dir."""
-    folder = str(local_runtime.sandboxes_dir(home))
+    folder = str(local_sandboxes.sandboxes_dir(home))
     found = []
     for pid in procs.all_pids():
         argv = procs.argv(pid)
@@ -86,7 +87,7 @@ def _sandbox_processes(home: Path) -> list[str]:
 
 def _assert_nothing_left(engine: Engine) -> None:
     assert engine.list_stacks() == []
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
     assert _sandbox_processes(engine.home) == []
 
 
@@ -146,14 +147,14 @@ def test_gc_repairs_torn_state_files_and_stops_every_sandbox() -> None:
     # d's stack is beyond repair: no stack will list its sandbox. a's and c's cannot be read until repaired.
     stops = [line.split()[-1] for line in dry.stdout.splitlines() if line.startswith("would stop")]
     assert stops == [sandbox["d"]]
-    assert _state_files(engine) == before and len(local_runtime.list_sandboxes()) == 4
+    assert _state_files(engine) == before and len(local_sandboxes.list_sandboxes()) == 4
 
     done = ale_iac("gc")
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(f"repaired damaged state file {path}: " in done.stdout for path in bad), done.stdout
     assert f"stopped orphaned local sandbox {sandbox['d']}" in done.stdout
     assert [s.name for s in engine.list_stacks()] == [stacks["e"]]
-    assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [sandbox["e"]]
+    assert [s.sandbox_id for s in local_sandboxes.list_sandboxes()] == [sandbox["e"]]
     assert all(sandbox["e"] in line for line in _sandbox_processes(engine.home)), _sandbox_processes(engine.home)
     assert list((engine.home / "quarantine").glob(f"*/stacks/{PROJECT}/{d.name}"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.pools import plain_pulumi, pool_project
 from tests.support.tasks import make_preset, make_task
 
@@ -35,7 +35,7 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
     try:
         plain_pulumi(engine, project, "up", "--yes", "-s", "local")
         units = engine.units("local")
-        assert sorted(units) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
+        assert sorted(units) == ["u0", "u1"] and len(local_sandboxes.list_sandboxes()) == 2
 
         lab = tmp_path / "lab"
         lab.mkdir()
@@ -68,8 +68,8 @@ def test_pool_stack_from_pulumi_up_is_leased_exclusively(tmp_path: Path) -> None
         (_, first_end), (second_start, _) = sorted(windows)
         assert second_start < first_end, "the two evaluations did not overlap, so the test proves nothing"
         # The pool is untouched by the runs' cleanup.
-        assert sorted(engine.units("local")) == ["u0", "u1"] and len(local_runtime.list_sandboxes()) == 2
+        assert sorted(engine.units("local")) == ["u0", "u1"] and len(local_sandboxes.list_sandboxes()) == 2
     finally:
         plain_pulumi(engine, project, "destroy", "--yes", "-s", "local")
         plain_pulumi(engine, project, "stack", "rm", "--yes", "-s", "local")
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []

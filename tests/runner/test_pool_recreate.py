@@ -13,7 +13,7 @@ import pytest
 from ale_iac.engine import Engine
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.pools import (
     lease_after_a_dead_holder,
     lease_used_then_reset,
@@ -52,7 +52,7 @@ def test_a_recreate_pool_unit_is_a_new_resource_at_each_lease(tmp_path: Path, mo
     finally:
         plain_pulumi(engine, project, "destroy", "--yes", "-s", POOL)
         plain_pulumi(engine, project, "stack", "rm", "--yes", "-s", POOL)
-    assert local_runtime.list_sandboxes() == [] and engine.list_stacks() == []
+    assert local_sandboxes.list_sandboxes() == [] and engine.list_stacks() == []
 
 
 async def _scenario(engine: Engine) -> None:
@@ -64,7 +64,7 @@ async def _scenario(engine: Engine) -> None:
     # A new resource (a new sandbox id), its outputs from the stack: the run read the old ones.
     second, handle_b = await lease_used_then_reset(pool)
     assert handle_b.resource_id != created.resource_id and handle_b.reset_urns == created.reset_urns
-    assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [handle_b.resource_id]
+    assert [s.sandbox_id for s in local_sandboxes.list_sandboxes()] == [handle_b.resource_id]
     log = engine.log_path(POOL).read_text()
     assert "pulumi up --replace" in log and "+-1 replaced" in log
 
@@ -75,4 +75,4 @@ async def _scenario(engine: Engine) -> None:
     finally:
         await third.release(UnitStatus.SUCCEEDED, 1.0)
     [now] = engine.units(POOL).values()
-    assert [s.sandbox_id for s in local_runtime.list_sandboxes()] == [now.resource_id] != [handle_c.resource_id]
+    assert [s.sandbox_id for s in local_sandboxes.list_sandboxes()] == [now.resource_id] != [handle_c.resource_id]

@@ -9,7 +9,7 @@ from ale_iac.engine import Engine
 from ale_iac.profile import resolve_profile
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.pools import lease_after_a_dead_holder, lease_used_then_reset, on_a_pool
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.timeout(420)]
@@ -19,7 +19,7 @@ POOL = "pool-reset"
 
 def test_a_pool_unit_is_clean_at_each_lease_also_after_a_holder_died() -> None:
     on_a_pool(POOL, resolve_profile("local").profile, _scenario)
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
 
 
 async def _scenario(engine: Engine) -> None:
@@ -32,10 +32,10 @@ async def _scenario(engine: Engine) -> None:
     # The same unit and resource (a pool has one here), but a fresh sandbox: new endpoint and token.
     assert handle_b.unit == "u0" and handle_b.resource_id == created.resource_id
     # The old endpoint is gone with its sandbox.
-    assert [s.endpoint for s in local_runtime.list_sandboxes()] == [handle_b.endpoint]
+    assert [s.endpoint for s in local_sandboxes.list_sandboxes()] == [handle_b.endpoint]
 
     third, handle_c, _ = await lease_after_a_dead_holder(pool, second, handle_b)
     await third.release(UnitStatus.SUCCEEDED, 1.0)
     # The stack's own view follows the resets (what `ale-iac mcp --stack` and `sandbox env` read).
     [now] = engine.units(POOL).values()
-    assert now.endpoint == local_runtime.list_sandboxes()[0].endpoint != handle_c.endpoint
+    assert now.endpoint == local_sandboxes.list_sandboxes()[0].endpoint != handle_c.endpoint

@@ -12,7 +12,7 @@ import pytest
 from ale_iac.engine import Engine
 from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.tasks import make_task
 
 # One xdist group: the module's tests on one worker (what they count is their own home's).
@@ -72,7 +72,7 @@ def test_a_task_over_its_memory_shape_is_killed_and_the_unit_is_marked_so(tmp_pa
     kinds = [(e["event"], e.get("phase")) for e in events]
     assert kinds.index(("oom_killed", None)) < kinds.index(("phase_start", "cleanup")), kinds
     assert run["cleanup"]["outcome"] == "destroyed"
-    assert Engine().list_stacks() == [] and local_runtime.list_sandboxes() == []
+    assert Engine().list_stacks() == [] and local_sandboxes.list_sandboxes() == []
 
 
 def test_a_unit_within_its_shape_records_its_limits_and_no_kill(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pydantic import SecretStr
 from ale_iac.contract import LINUX_DESKTOP_PATHS
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import SandboxNotReadyError, wait_ready
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.sandbox
@@ -24,7 +24,7 @@ def test_a_sandbox_that_never_gets_ready_is_explained_by_its_logs(sandbox_factor
         unit="u0",
         provider="local",
         endpoint=state.endpoint,
-        endpoint_token=SecretStr(local_runtime.auth_token(state)),
+        endpoint_token=SecretStr(local_sandboxes.auth_token(state)),
         snapshot="desktop",
         image="desktop",
         resource_id=state.sandbox_id,

@@ -34,9 +34,10 @@ import pytest
 from ale_iac.images import ImageInfo
 from ale_iac.substrates import isolation, registry
 from ale_iac.substrates.isolation import IsolationProbe
+from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.isolation import LocalIsolation
-from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
 from tests.support.rootless import HostUser
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
@@ -107,14 +108,14 @@ def _rootless_sut(user: HostUser) -> Iterator[SandboxUnderTest]:
     started = user.python(
         "import json\n"
         "from ale_iac.images import require_image\n"
-        "from ale_iac.substrates.local import runtime\n"
-        f"spec = runtime.LocalSandboxSpec(sandbox_id={sandbox_id!r}, rootfs=str(require_image('desktop').rootfs), "
+        "from ale_iac.substrates.local import runtime, sandboxes\n"
+        f"spec = sandboxes.LocalSandboxSpec(sandbox_id={sandbox_id!r}, rootfs=str(require_image('desktop').rootfs), "
         f"pids_limit={PIDS_LIMIT}, disk_gb={DISK_GB})\n"
         "print(json.dumps(runtime.start(spec).to_json()))\n"
     )
     state = LocalSandboxState.from_json(json.loads(started.splitlines()[-1]))
     try:
-        assert state.mode == local_runtime.MODE_ROOTLESS, state
+        assert state.mode == local_host.MODE_ROOTLESS, state
         wait_for_status(state)
         yield SandboxUnderTest(
             "local-rootless", registry.get("local").isolation_probe(state, user.uid), Endpoint.of(state), user.uid
@@ -178,7 +179,7 @@ def test_root_inside_is_an_unprivileged_user_on_the_host(sut: SandboxUnderTest) 
 def _local_host_ids(sut: SandboxUnderTest, uid_map: list[str]) -> set[int]:
     assert isinstance(sut.probe, LocalIsolation)
     base = int(uid_map[1])
-    if sut.probe.state.mode == local_runtime.MODE_ROOTLESS:
+    if sut.probe.state.mode == local_host.MODE_ROOTLESS:
         # The user's own uid is root inside, and nothing else of the host but, with newuidmap, the
         # user's subordinate range (/etc/subuid) for ids 1..65535.
         assert uid_map[:3] == ["0", str(sut.owner), "1"] and sut.owner not in (0, base + 1), (uid_map, sut.owner)

@@ -31,7 +31,7 @@ import pytest
 from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.images import ImageInfo, require_image
 from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
 from tests.support import preconditions
 from tests.support.sandbox import Endpoint, SandboxFactory, new_sandbox_id, sandbox_home, wait_for_status
 

@@ -73,7 +73,7 @@ def _engine() -> str | None:
 
 @functools.cache
 def _sandbox() -> str | None:
-    from ale_iac.substrates.local.runtime import host_checks
+    from ale_iac.substrates.local.host import host_checks
 
     failed = [
         f"{check.name}: {check.detail} ({check.fix})" for check in host_checks() if check.required and not check.ok

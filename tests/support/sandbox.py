@@ -18,8 +18,8 @@ import httpx
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, LINUX_DESKTOP_PATHS, HostChannel
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.handle import SandboxHandle
-from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.local.runtime import LocalSandboxState
+from ale_iac.substrates.local import sandboxes as local_sandboxes
+from ale_iac.substrates.local.sandboxes import LocalSandboxState
 
 READY_TIMEOUT_S = 90.0
 POLL_INTERVAL_S = 0.05
@@ -39,7 +39,7 @@ class Endpoint:
 
     @classmethod
     def of(cls, state: LocalSandboxState) -> Endpoint:
-        return cls(state.endpoint, local_runtime.auth_token(state))
+        return cls(state.endpoint, local_sandboxes.auth_token(state))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -80,7 +80,7 @@ def wait_for_status(target: Target, timeout: float = READY_TIMEOUT_S) -> float:
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:
-                tails = local_runtime.log_tails(target) if isinstance(target, LocalSandboxState) else ""
+                tails = local_sandboxes.log_tails(target) if isinstance(target, LocalSandboxState) else ""
                 raise SandboxNotReadyError(
                     f"{endpoint.url}/status did not answer within {timeout:.0f} s; last error: {last_error}\n{tails}"
                 )
@@ -135,7 +135,7 @@ def handle_of(state: LocalSandboxState) -> SandboxHandle:
         unit=state.sandbox_id,
         provider="local",
         endpoint=state.endpoint,
-        endpoint_token=local_runtime.auth_token(state),
+        endpoint_token=local_sandboxes.auth_token(state),
         gateway_channel=channel,
         snapshot="desktop",
         image="desktop",

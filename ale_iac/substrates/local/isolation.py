@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ale_iac.substrates import isolation
-from ale_iac.substrates.local import runtime
-from ale_iac.substrates.local.runtime import LocalSandboxState
+from ale_iac.substrates.local import sandboxes
+from ale_iac.substrates.local.sandboxes import LocalSandboxState
 
 
 class LocalIsolation:
@@ -20,13 +20,13 @@ class LocalIsolation:
         self.owner = owner
 
     def host_pids(self) -> list[int]:
-        return runtime.sandbox_pids(self.state)
+        return sandboxes.sandbox_pids(self.state)
 
     def host_paths(self) -> list[Path]:
         return [Path(self.state.state_dir)]
 
     def read_log(self, name: str) -> str:
-        return runtime.log_text(self.state, name)
+        return sandboxes.log_text(self.state, name)
 
     def tasks_in_use(self) -> int:
         folder = next((Path(p) for p in self.state.cgroups if (Path(p) / "pids.current").exists()), None)

@@ -17,7 +17,7 @@ Isolation (each point is checked from inside by ``tests/substrates/test_isolatio
 
 * A user namespace per sandbox: uid/gid 0..65535 inside are an unprivileged host range that
   belongs to no host user (``uid_base_of``), also when ale-iac runs as root. Run by a normal user,
-  the same runtime works rootless (:func:`host_mode`; docs/rootless.md): root inside is that user,
+  the same runtime works rootless (``host.host_mode``; docs/rootless.md): root inside is that user,
   the writable layer a tmpfs, the image the user's own copy. Host-wide kernel
   settings (``/proc/sys``) are read-only inside, by the kernel's own rules and by a read-only bind.
 * A seccomp filter (``ale_iac.substrates.seccomp``), a cut capability and bounding set,
@@ -34,15 +34,13 @@ Isolation (each point is checked from inside by ``tests/substrates/test_isolatio
   (PR_SET_PDEATHSIG, bwrap --die-with-parent, slirp --exit-fd), and the sandbox is PID 1 of its
   own PID namespace, so killing it kills everything inside.
 
-State lives in ``${ALE_IAC_HOME:-~/.ale-iac}/sandboxes/<id>/`` (``spec.json``, ``state.json``,
-``auth-token``, ``disk.img``, ``logs/``), so a garbage collector can find sandboxes a crashed run left.
+This module starts, stops and resets sandboxes; ``sandboxes`` holds their records on this host (spec, state,
+folder, logs, token), ``host`` what this host offers them (root or rootless, the checks ``start`` enforces).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import json
 import os
 import re
@@ -50,526 +48,32 @@ import secrets
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ale_iac import procs
-from ale_iac.errors import AleIacError
 from ale_iac.files import write_json_atomic
-from ale_iac.hostcheck import Check
-from ale_iac.paths import ale_home
-from ale_iac.substrates.local import cgroups, linux
-from ale_iac.substrates.local.cgroups import LimitRecord
-
-SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
-DEFAULT_INIT = "/usr/local/sbin/ale-init"
-DEFAULT_SERVER_PORT = 8000
-DEFAULT_GATEWAY_PORT = 4010
-GATEWAY_SOCKET = "gateway.sock"
-"""In the state dir: the host end of the sandbox's gateway channel (a run's model gateway serves it)."""
-DEFAULT_DISK_GB = 16
-DEFAULT_PIDS_LIMIT = 4096
-TAP = "tap0"
-MTU = 65520
-
-UID_RANGE_START = 2**30
-"""Sandbox uid/gid ranges start here: far above any ordinary or subordinate (``/etc/subuid``) id."""
-UID_COUNT = 65536
-"""Ids 0..65535 inside a sandbox map to ``uid_base .. uid_base + 65535`` on the host."""
-UID_SLOTS = 4096
-
-SPEC_FILE = "spec.json"
-STATE_FILE = "state.json"
-TOKEN_FILE = "auth-token"
-SECCOMP_FILE = "seccomp.bpf"
-DISK_FILE = "disk.img"
-LOGS_DIR = "logs"
-SUPERVISOR_LOG = "supervisor.log"
-SANDBOX_LOG_NAMES = ("init.log", "xvfb.log", "openbox.log", "server.log")
-"""Logs the sandbox writes (in its own file system); their tails are kept in ``logs/`` when it stops."""
-MOUNT_ROOT = "/run/ale-iac"
-"""Where the supervisor assembles the sandbox's root, in its private mount namespace only."""
-LOG_READ_BYTES = 64 * 1024
-
-
-class SandboxError(AleIacError):
-    """A local sandbox could not be started or stopped."""
-
-
-# --- data --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalSandboxSpec:
-    """What to run: an image rootfs, a screen, network policy and resource hints."""
-
-    sandbox_id: str
-    rootfs: str
-    screen_width: int = 1280
-    screen_height: int = 800
-    allow_outbound: bool = False
-    vcpus: int | None = None
-    """CPU time as a number of CPUs (a cgroup CPU quota)."""
-    memory_gb: float | None = None
-    disk_gb: int = DEFAULT_DISK_GB
-    """Size of the sandbox's writable layer and logs (a sparse file: only what is written uses disk)."""
-    pids_limit: int = DEFAULT_PIDS_LIMIT
-    """Most tasks (processes and threads) alive in the sandbox at once."""
-    labels: dict[str, str] = field(default_factory=dict)
-    server_port: int = DEFAULT_SERVER_PORT
-    """Port of the computer-server inside the sandbox's own network namespace."""
-    gateway_port: int = DEFAULT_GATEWAY_PORT
-    """Port on the sandbox's loopback relayed to ``GATEWAY_SOCKET`` in the state dir on the host."""
-    init: str = DEFAULT_INIT
-    """The image's init (path inside the rootfs)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LocalSandboxSpec:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class LocalSandboxState:
-    """A sandbox as recorded in its state dir; JSON-serializable."""
-
-    sandbox_id: str
-    supervisor_pid: int
-    supervisor_start_time: float
-    """Start time of the supervisor (``ale_iac.procs.start_time``), so that a recycled pid is never
-    taken for the supervisor."""
-    host_port: int
-    endpoint: str
-    state_dir: str
-    rootfs: str
-    labels: dict[str, str] = field(default_factory=dict)
-    limits: list[LimitRecord] = field(default_factory=list)
-    allow_outbound: bool = False
-    phase: str = "starting"
-    """starting | running | exited."""
-    created_at: str = ""
-    init_pid: int | None = None
-    """Host pid of the sandbox's init (PID 1 inside)."""
-    init_start_time: float | None = None
-    """Start time of that init: while it runs, ``pid_namespace`` is the sandbox's own namespace."""
-    pid_namespace: str | None = None
-    """``pid:[inode]`` of the sandbox's PID namespace: identifies every process inside it, but only
-    while its init runs (see :func:`_live_pid_namespace`)."""
-    cgroups: list[str] = field(default_factory=list)
-    """The sandbox's cgroups, one per controller (removed by ``stop``)."""
-    uid_base: int = 0
-    """Host uid (and gid) of root inside the sandbox."""
-    mode: str = "root"
-    """How it was built: ``root`` or ``rootless`` (:func:`host_mode` of the process that started it)."""
-    oom_kills: int = 0
-    """Processes its memory limit killed, as counted when the supervisor last saved the state
-    (:func:`oom_kills` reads the live count)."""
-    exit_code: int | None = None
-    gateway_url: str = ""
-    """Inside the sandbox, what leads to ``gateway_socket`` on the host (empty before it is set up)."""
-    gateway_socket: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LocalSandboxState:
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields["limits"] = [LimitRecord(**item) for item in fields.get("limits", [])]
-        return cls(**fields)
-
-
-# --- locations ---------------------------------------------------------------------------------
-
-
-def home_dir() -> Path:
-    """``${ALE_IAC_HOME:-~/.ale-iac}``."""
-    return ale_home()
-
-
-def sandboxes_dir(home: Path | None = None) -> Path:
-    """Where state dirs live: ``<home>/sandboxes`` (``home`` defaults to ``home_dir()``)."""
-    return (home if home is not None else home_dir()).resolve() / "sandboxes"
-
-
-def state_dir_of(sandbox_id: str, home: Path | None = None) -> Path:
-    check_sandbox_id(sandbox_id)
-    return sandboxes_dir(home) / sandbox_id
-
-
-def check_sandbox_id(sandbox_id: str) -> None:
-    if not SANDBOX_ID_RE.match(sandbox_id):
-        raise SandboxError(
-            f"invalid sandbox id {sandbox_id!r}: lowercase letters, digits and '-', at most 48, "
-            "starting with a letter or digit"
-        )
-
-
-def uid_base_of(sandbox_id: str) -> int:
-    """The host uid of root in this sandbox: one of ``UID_SLOTS`` ranges, chosen by the id.
-
-    Distinct sandboxes mostly get distinct ranges, so their processes and files are different
-    users on the host too; two that share a slot are still apart by every namespace.
-    """
-    slot = int.from_bytes(hashlib.sha256(sandbox_id.encode()).digest()[:4], "big") % UID_SLOTS
-    return UID_RANGE_START + slot * UID_COUNT
-
-
-# --- host checks ---------------------------------------------------------------------------------
-
-MODE_ROOT = "root"
-"""ale-iac runs as uid 0: a loop-mounted ext4 layer over an id-mapped image, a uid range no user owns."""
-MODE_ROOTLESS = "rootless"
-"""ale-iac runs as a normal user: its own uid is root inside, a tmpfs layer over its own copy of the image."""
-
-_COMMON_TOOLS = (
-    ("bwrap", "bubblewrap"),
-    ("slirp4netns", "slirp4netns"),
-    ("setsid", "util-linux"),
+from ale_iac.substrates.local import cgroups
+from ale_iac.substrates.local.host import MODE_ROOTLESS, check_host, host_mode
+from ale_iac.substrates.local.sandboxes import (
+    LOGS_DIR,
+    SECCOMP_FILE,
+    SPEC_FILE,
+    SUPERVISOR_LOG,
+    TOKEN_FILE,
+    LocalSandboxSpec,
+    LocalSandboxState,
+    SandboxError,
+    check_sandbox_id,
+    is_alive,
+    log_tails,
+    state_dir_of,
+    state_from_dir,
+    write_private,
 )
-_ROOT_TOOLS = (
-    ("mount", "mount"),
-    ("mkfs.ext4", "e2fsprogs"),
-)
-MIN_KERNEL = (5, 19)
-"""Root mode: id-mapped mounts as overlayfs layers."""
-MIN_KERNEL_ROOTLESS = (5, 11)
-"""Rootless mode: overlayfs mounted in a user namespace (older kernels would need fuse-overlayfs,
-which ale-iac does not drive)."""
-
-
-SUBID_COUNT = UID_COUNT - 1
-"""Rootless with subordinate ids: ids 1..65535 inside are the user's /etc/subuid and /etc/subgid range."""
-
-
-def subordinate_ids() -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """The caller's subordinate uid and gid ranges ``(start, count)`` (count capped at 65535), if it has
-    ranges of at least that size and ``newuidmap``/``newgidmap`` are installed; else None (rootless
-    sandboxes then have uid and gid 0 only inside)."""
-    if shutil.which("newuidmap") is None or shutil.which("newgidmap") is None:
-        return None
-    uid = os.geteuid()
-    try:
-        import pwd
-
-        names = {str(uid), pwd.getpwuid(uid).pw_name}
-    except (KeyError, ImportError):
-        names = {str(uid)}
-    found: list[tuple[int, int]] = []
-    for path in ("/etc/subuid", "/etc/subgid"):
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError:
-            return None
-        ranges = [
-            (int(start), min(int(count), SUBID_COUNT))
-            for name, start, count in (line.split(":") for line in lines if line.count(":") == 2)
-            if name in names and count.isdigit() and start.isdigit() and int(count) >= SUBID_COUNT
-        ]
-        if not ranges:
-            return None
-        found.append(ranges[0])
-    return found[0], found[1]
-
-
-def host_mode() -> str:
-    """``root`` when ale-iac runs as uid 0, else ``rootless``: one runtime, two ways to build a sandbox."""
-    return MODE_ROOT if os.geteuid() == 0 else MODE_ROOTLESS
-
-
-def kernel_version() -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
-
-
-def _sysctl(name: str) -> str | None:
-    try:
-        return Path("/proc/sys", name.replace(".", "/")).read_text().strip()
-    except OSError:
-        return None
-
-
-def host_checks() -> list[Check]:
-    """Everything a local sandbox needs of this host, in the mode this process would run it
-    (:func:`host_mode`), then what this host's cgroups let it limit: what ``ale-iac doctor`` prints
-    and ``start`` enforces (the limits are informational: a sandbox records each as applied or not)."""
-    mode = host_mode()
-    checks = [
-        Check("linux", sys.platform.startswith("linux"), sys.platform, "local sandboxes need Linux"),
-        Check(
-            "mode",
-            True,
-            f"{mode} (uid {os.geteuid()})"
-            + (
-                ": the sandbox's user namespace maps its root to your own uid; its writable layer is a tmpfs"
-                if mode == MODE_ROOTLESS
-                else ": the sandbox's root is a host uid range no user owns; its writable layer is ext4 on a loop"
-            ),
-        ),
-    ]
-    tools = _COMMON_TOOLS + (_ROOT_TOOLS if mode == MODE_ROOT else ())
-    for tool, package in tools:
-        path = shutil.which(tool)
-        checks.append(Check(tool, path is not None, path or "not installed", f"apt-get install -y {package}"))
-    try:
-        filesystems = Path("/proc/filesystems").read_text()
-    except OSError:
-        filesystems = ""
-    for fs in ("overlay", "ext4") if mode == MODE_ROOT else ("overlay",):
-        present = re.search(rf"\b{fs}$", filesystems, re.MULTILINE) is not None
-        checks.append(
-            Check(f"{fs} file system", present, "in /proc/filesystems" if present else "missing", f"modprobe {fs}")
-        )
-    release = os.uname().release
-    if mode == MODE_ROOT:
-        loop = Path("/dev/loop-control").exists()
-        checks.append(Check("loop devices", loop, "/dev/loop-control" if loop else "missing", "modprobe loop"))
-        checks.append(
-            Check(
-                "kernel",
-                kernel_version() >= MIN_KERNEL,
-                release,
-                f"Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]} or newer (id-mapped mounts under overlayfs)",
-            )
-        )
-    else:
-        checks.extend(_rootless_checks(release))
-    checks.extend(cgroups.host_limits(rootless=mode == MODE_ROOTLESS))
-    return checks
-
-
-def _rootless_checks(release: str) -> list[Check]:
-    checks = [
-        Check(
-            "kernel",
-            kernel_version() >= MIN_KERNEL_ROOTLESS,
-            release,
-            f"Linux {MIN_KERNEL_ROOTLESS[0]}.{MIN_KERNEL_ROOTLESS[1]} or newer (overlayfs in a user namespace; "
-            "older kernels would need fuse-overlayfs, which ale-iac does not drive), or run as root",
-        )
-    ]
-    max_userns = _sysctl("user.max_user_namespaces")
-    checks.append(
-        Check(
-            "user namespaces",
-            max_userns is not None and max_userns != "0",
-            f"user.max_user_namespaces={max_userns}",
-            "sysctl -w user.max_user_namespaces=15000",
-        )
-    )
-    clone = _sysctl("kernel.unprivileged_userns_clone")  # Debian's patch (Debian 10 and older kernels)
-    if clone is not None:
-        checks.append(
-            Check(
-                "unprivileged user namespaces",
-                clone == "1",
-                f"kernel.unprivileged_userns_clone={clone}",
-                "sysctl -w kernel.unprivileged_userns_clone=1",
-            )
-        )
-    apparmor = _sysctl("kernel.apparmor_restrict_unprivileged_userns")  # Ubuntu 23.10 and newer
-    if apparmor is not None:
-        checks.append(
-            Check(
-                "AppArmor user namespace restriction",
-                apparmor == "0",
-                f"kernel.apparmor_restrict_unprivileged_userns={apparmor}",
-                "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile that allows "
-                "userns for the venv's python",
-            )
-        )
-    scratch = tempfile.mkdtemp(prefix="ale-iac-probe-")
-    try:
-        failure = linux.probe_rootless_overlay(scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    subids = subordinate_ids()
-    checks.append(
-        Check(
-            "subordinate ids",
-            subids is not None,
-            f"uids {subids[0][0]}.., gids {subids[1][0]}.. (newuidmap): ids 0..{SUBID_COUNT} inside"
-            if subids
-            else "none: only uid and gid 0 exist inside (programs that chown to another id fail, e.g. xterm's pty)",
-            "apt-get install -y uidmap, and a range of 65536 ids for your user in /etc/subuid and /etc/subgid "
-            "(usermod --add-subuids/--add-subgids)",
-            required=False,
-        )
-    )
-    checks.append(
-        Check(
-            "overlay in a user namespace",
-            failure is None,
-            "a user namespace of your own, a tmpfs and overlayfs in it: works" if failure is None else failure,
-            "allow unprivileged user namespaces (see the checks above), or run as root",
-        )
-    )
-    return checks
-
-
-@functools.cache
-def check_host() -> None:
-    """Raise a SandboxError naming every missing requirement of local sandboxes on this host."""
-    failed = [check for check in host_checks() if check.required and not check.ok]
-    if failed:
-        needs = "; ".join(f"{check.name}: {check.detail} ({check.fix})" for check in failed)
-        raise SandboxError(f"local sandboxes cannot run on this host: {needs}")
-
-
-# --- state files -------------------------------------------------------------------------------
-
-
-def load_state(sandbox_id: str, *, home: Path | None = None) -> LocalSandboxState | None:
-    """The recorded state of a sandbox, or None when it has no state dir."""
-    folder = state_dir_of(sandbox_id, home)
-    if not folder.is_dir():
-        return None
-    return _state_from_dir(folder)
-
-
-def _state_from_dir(folder: Path) -> LocalSandboxState:
-    try:
-        return LocalSandboxState.from_json(json.loads((folder / STATE_FILE).read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
-    # No readable state.json: the start was interrupted before the supervisor wrote one. Report
-    # the dir anyway (as dead), so that a garbage collector can still stop() it.
-    labels: dict[str, str] = {}
-    rootfs = ""
-    try:
-        spec = LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text()))
-        labels, rootfs = dict(spec.labels), spec.rootfs
-    except (OSError, ValueError, TypeError):
-        pass
-    return LocalSandboxState(
-        sandbox_id=folder.name,
-        supervisor_pid=0,
-        supervisor_start_time=0,
-        host_port=0,
-        endpoint="",
-        state_dir=str(folder),
-        rootfs=rootfs,
-        labels=labels,
-        phase="unknown",
-    )
-
-
-def list_sandboxes(*, home: Path | None = None) -> list[LocalSandboxState]:
-    """Every sandbox with a state dir, running or not (a dead one still needs ``stop``)."""
-    root = sandboxes_dir(home)
-    if not root.is_dir():
-        return []
-    return [
-        _state_from_dir(folder)
-        for folder in sorted(root.iterdir())
-        if folder.is_dir() and SANDBOX_ID_RE.match(folder.name)
-    ]
-
-
-def is_alive(state: LocalSandboxState) -> bool:
-    """True while the sandbox's supervisor (the very process that was started) runs."""
-    if state.supervisor_pid <= 0:
-        return False
-    return procs.is_running(state.supervisor_pid, state.supervisor_start_time)
-
-
-def sandbox_pids(state: LocalSandboxState) -> list[int]:
-    """The supervisor and every process under it (slirp4netns, bwrap, everything in the sandbox)."""
-    if not is_alive(state):
-        return []
-    return procs.descendants(state.supervisor_pid)
-
-
-def oom_kills(state: LocalSandboxState) -> int:
-    """How many processes the sandbox's memory limit has killed so far (0 without a memory cgroup)."""
-    live = cgroups.memory_oom_kills([Path(p) for p in state.cgroups])
-    return max(live, state.oom_kills)
-
-
-# --- logs and the token ----------------------------------------------------------------------
-
-
-def read_tail(directory: int | str | Path, name: str, max_bytes: int = LOG_READ_BYTES) -> bytes | None:
-    """The last ``max_bytes`` of a file the sandbox wrote, or None if it is not a regular file.
-
-    Never follows a symlink (the sandbox may plant one) and never blocks on a FIFO: the file is
-    opened ``O_NOFOLLOW | O_NONBLOCK`` relative to ``directory`` (a path or an open directory fd)
-    and checked with ``fstat`` before anything is read.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        if isinstance(directory, int):
-            fd = os.open(name, flags, dir_fd=directory)
-        else:
-            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                fd = os.open(name, flags, dir_fd=dir_fd)
-            finally:
-                os.close(dir_fd)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        offset = max(0, info.st_size - max_bytes)
-        return os.pread(fd, max_bytes, offset)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def copy_tail(directory: int, name: str, target: Path, max_bytes: int) -> None:
-    """Keep the tail of a sandbox-written log in a host file (``read_tail`` rules; no-op if absent)."""
-    data = read_tail(directory, name, max_bytes)
-    if data is None:
-        return
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
-
-def live_logs_dir(state: LocalSandboxState) -> str:
-    """Where a running sandbox's logs are, seen through its supervisor's mount namespace."""
-    return f"/proc/{state.supervisor_pid}/root{MOUNT_ROOT}/layer/logs"
-
-
-def log_text(state: LocalSandboxState, name: str, max_bytes: int = LOG_READ_BYTES) -> str:
-    """The tail of one of the sandbox's logs: live while it runs, the kept tail after it stopped."""
-    data = read_tail(live_logs_dir(state), name, max_bytes) if is_alive(state) else None
-    if data is None:
-        data = read_tail(Path(state.state_dir) / LOGS_DIR, name, max_bytes)
-    return (data or b"").decode(errors="replace")
-
-
-def log_tails(state: LocalSandboxState, lines: int = 15) -> str:
-    """The last lines of every log of a sandbox, for an error message."""
-    parts = []
-    for name in (SUPERVISOR_LOG, *SANDBOX_LOG_NAMES, "slirp4netns.log"):
-        text = log_text(state, name)
-        if text.strip():
-            parts.append(f"--- {name} ---\n" + "\n".join(text.splitlines()[-lines:]))
-    return "\n".join(parts)
-
-
-def auth_token(state: LocalSandboxState) -> str:
-    """The bearer token the sandbox's endpoint requires (readable by its owner only)."""
-    return (Path(state.state_dir) / TOKEN_FILE).read_text().strip()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
 
 # --- start -------------------------------------------------------------------------------------
 
@@ -601,8 +105,8 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
         os.chmod(folder, 0o700)  # whatever the umask
         (folder / LOGS_DIR).mkdir(mode=0o700)
         write_json_atomic(folder / SPEC_FILE, spec.to_json())
-        _write_private(folder / TOKEN_FILE, secrets.token_urlsafe(32).encode())
-        _write_private(folder / SECCOMP_FILE, compile_bpf())
+        write_private(folder / TOKEN_FILE, secrets.token_urlsafe(32).encode())
+        write_private(folder / SECCOMP_FILE, compile_bpf())
     except BaseException:
         _remove_tree(folder)
         raise
@@ -634,7 +138,7 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     os.close(read_fd)
     if not message.get("ok"):
         error = message.get("error", "the supervisor exited before the sandbox was ready")
-        tails = log_tails(_state_from_dir(folder))
+        tails = log_tails(state_from_dir(folder))
         stop(spec.sandbox_id, home=home)
         raise SandboxError(f"sandbox {spec.sandbox_id} failed to start: {error}\n{tails}".rstrip())
     return LocalSandboxState.from_json(message["state"])
@@ -782,7 +286,7 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) ->
     folder = state_dir_of(sandbox_id, home)
     if not folder.exists():
         return False
-    state = _state_from_dir(folder)
+    state = state_from_dir(folder)
     if is_alive(state):
         # The supervisor stops the sandbox gracefully (SIGTERM to its init, then SIGKILL).
         _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGTERM)

@@ -23,7 +23,7 @@ from ale_iac.substrates.base import (
     UnitState,
 )
 from ale_iac.substrates.isolation import IsolationProbe
-from ale_iac.substrates.local import runtime
+from ale_iac.substrates.local import host, runtime, sandboxes
 from ale_iac.substrates.local.isolation import LocalIsolation
 
 
@@ -32,8 +32,8 @@ class LocalInputs(UnitInputs):
     allow_outbound: bool = False
     vcpus: int | None = None
     memory_gb: float | None = None
-    disk_gb: int = runtime.DEFAULT_DISK_GB
-    pids_limit: int = runtime.DEFAULT_PIDS_LIMIT
+    disk_gb: int = sandboxes.DEFAULT_DISK_GB
+    pids_limit: int = sandboxes.DEFAULT_PIDS_LIMIT
 
 
 class LocalState(UnitState):
@@ -62,7 +62,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             allow_outbound=route.allow_outbound,
             vcpus=shape.vcpus,
             memory_gb=shape.memory_gb,
-            disk_gb=shape.disk_gb or runtime.DEFAULT_DISK_GB,
+            disk_gb=shape.disk_gb or sandboxes.DEFAULT_DISK_GB,
             pids_limit=route.pids_limit,
         )
 
@@ -75,12 +75,12 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
         target = str(rootfs.resolve())
         return [
             state.sandbox_id
-            for state in runtime.list_sandboxes()
-            if runtime.is_alive(state) and str(Path(state.rootfs).resolve()) == target
+            for state in sandboxes.list_sandboxes()
+            if sandboxes.is_alive(state) and str(Path(state.rootfs).resolve()) == target
         ]
 
     def create(self, sandbox_id: str, inputs: LocalInputs) -> LocalState:
-        spec = runtime.LocalSandboxSpec(
+        spec = sandboxes.LocalSandboxSpec(
             sandbox_id=sandbox_id,
             rootfs=inputs.rootfs,
             screen_width=inputs.screen_width,
@@ -96,7 +96,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
         return LocalState(
             sandbox_id=state.sandbox_id,
             endpoint=state.endpoint,
-            endpoint_token=runtime.auth_token(state),
+            endpoint_token=sandboxes.auth_token(state),
             host_port=state.host_port,
             supervisor_pid=state.supervisor_pid,
             state_dir=state.state_dir,
@@ -107,7 +107,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
 
     def exists(self, sandbox_id: str, home: Path | None) -> bool:
         # A dead sandbox whose state dir remains still exists: destroy cleans it up.
-        return runtime.load_state(sandbox_id, home=home) is not None
+        return sandboxes.load_state(sandbox_id, home=home) is not None
 
     def destroy(self, sandbox_id: str, home: Path | None) -> None:
         runtime.stop(sandbox_id, home=home)
@@ -116,27 +116,27 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
         runtime.reset(sandbox_id)
 
     def current(self, unit: UnitOutputs) -> LiveEndpoint | None:
-        state = runtime.load_state(unit.resource_id)
+        state = sandboxes.load_state(unit.resource_id)
         if state is None:
             return None
-        return LiveEndpoint(endpoint=state.endpoint, endpoint_token=SecretStr(runtime.auth_token(state)))
+        return LiveEndpoint(endpoint=state.endpoint, endpoint_token=SecretStr(sandboxes.auth_token(state)))
 
     def units(self) -> list[HostUnit]:
-        return [HostUnit(state.sandbox_id, state.labels.get("stack")) for state in runtime.list_sandboxes()]
+        return [HostUnit(state.sandbox_id, state.labels.get("stack")) for state in sandboxes.list_sandboxes()]
 
     def limits(self, unit: UnitOutputs) -> UnitLimits | None:
-        state = runtime.load_state(unit.resource_id)
+        state = sandboxes.load_state(unit.resource_id)
         if state is None:
             return None
         limits = [Limit(**asdict(record)) for record in state.limits]
-        return UnitLimits(limits=limits, oom_kills=runtime.oom_kills(state))
+        return UnitLimits(limits=limits, oom_kills=sandboxes.oom_kills(state))
 
     def log_tails(self, unit: UnitOutputs) -> str:
         try:
-            state = runtime.load_state(unit.resource_id)
-        except runtime.SandboxError:
+            state = sandboxes.load_state(unit.resource_id)
+        except sandboxes.SandboxError:
             return ""
-        return runtime.log_tails(state) if state is not None else ""
+        return sandboxes.log_tails(state) if state is not None else ""
 
     def host_checks(self) -> list[HostCheck]:
         # The very list the runtime enforces; a limit the host lacks is recorded, not refused.
@@ -151,9 +151,9 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
                 else f"{check.detail} (not applied; to change: {check.fix})",
                 required=check.required,
             )
-            for check in runtime.host_checks()
+            for check in host.host_checks()
         ]
 
     def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
-        assert isinstance(state, runtime.LocalSandboxState), state
+        assert isinstance(state, sandboxes.LocalSandboxState), state
         return LocalIsolation(state, owner)

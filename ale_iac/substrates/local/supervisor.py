@@ -61,11 +61,11 @@ from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
 from ale_iac.substrates.authproxy import AuthProxy, tcp_connector
 from ale_iac.substrates.local import cgroups, linux
-from ale_iac.substrates.local.runtime import (
+from ale_iac.substrates.local.host import MODE_ROOTLESS, host_mode, subordinate_ids
+from ale_iac.substrates.local.sandboxes import (
     DISK_FILE,
     GATEWAY_SOCKET,
     LOGS_DIR,
-    MODE_ROOTLESS,
     MOUNT_ROOT,
     MTU,
     SANDBOX_LOG_NAMES,
@@ -78,8 +78,6 @@ from ale_iac.substrates.local.runtime import (
     LocalSandboxSpec,
     LocalSandboxState,
     copy_tail,
-    host_mode,
-    subordinate_ids,
     uid_base_of,
 )
 from ale_iac.substrates.relay import loopback_listener, serve_relay, unix_connector

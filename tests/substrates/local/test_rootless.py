@@ -19,7 +19,8 @@ import sys
 import pytest
 
 from ale_iac.sandbox.client import ComputerServerClient
-from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import host as local_host
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.rootless import HostUser
 
 pytestmark = [pytest.mark.rootless, pytest.mark.engine, pytest.mark.timeout(300)]
@@ -49,8 +50,8 @@ def test_create_command_screenshot_and_destroy_as_a_normal_user(rootless_user: H
         code, exported, err = ale_iac(rootless_user, "sandbox", "env", stack)
         assert code == 0, err
         variables = dict(re.findall(r"^export (\w+)=(\S+)$", exported, re.MULTILINE))
-        states = local_runtime.list_sandboxes(home=rootless_user.ale_home)
-        assert [s.mode for s in states] == [local_runtime.MODE_ROOTLESS], states
+        states = local_sandboxes.list_sandboxes(home=rootless_user.ale_home)
+        assert [s.mode for s in states] == [local_host.MODE_ROOTLESS], states
         assert states[0].uid_base == rootless_user.uid
 
         async def use() -> tuple[str, bytes]:
@@ -67,7 +68,7 @@ def test_create_command_screenshot_and_destroy_as_a_normal_user(rootless_user: H
         code, out, err = ale_iac(rootless_user, "sandbox", "destroy", stack)
     assert code == 0 and f"destroyed {stack}" in out, out + err
     # Nothing is left: no sandbox, no process of the user, nothing for gc.
-    assert local_runtime.list_sandboxes(home=rootless_user.ale_home) == []
+    assert local_sandboxes.list_sandboxes(home=rootless_user.ale_home) == []
     assert rootless_user.processes() == []
     code, out, err = ale_iac(rootless_user, "gc", "--dry-run")
     assert code == 0 and "nothing to collect" in out, out + err
@@ -77,10 +78,10 @@ def test_a_rootless_sandbox_refuses_an_image_the_user_does_not_own(rootless_user
     """An image root built (root-owned files) would be all 'nobody' inside: refused, with the way out."""
     out = rootless_user.python(
         "import pathlib\n"
-        "from ale_iac.substrates.local import runtime\n"
+        "from ale_iac.substrates.local import runtime, sandboxes\n"
         "try:\n"
         "    runtime.check_rootfs_owner(pathlib.Path('/'))\n"
-        "except runtime.SandboxError as exc:\n"
+        "except sandboxes.SandboxError as exc:\n"
         "    print(exc)\n"
     )
     assert "rootless sandboxes run an image of your own, and / belongs to uid 0" in out, out

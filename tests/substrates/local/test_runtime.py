@@ -22,8 +22,10 @@ import pytest
 
 from ale_iac import procs
 from ale_iac.images import ImageInfo
+from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
-from ale_iac.substrates.local.runtime import LocalSandboxSpec, LocalSandboxState, SandboxError
+from ale_iac.substrates.local import sandboxes as local_sandboxes
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState, SandboxError
 from ale_iac.task import wait_for_window
 from tests.support.sandbox import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
 
@@ -162,7 +164,7 @@ def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
     assert not listening_addresses(state.host_port), f"port {state.host_port} still forwarded"
     for cgroup in state.cgroups:
         assert not Path(cgroup).exists(), cgroup
-    assert local_runtime.load_state(state.sandbox_id, home=sandbox_home(state)) is None
+    assert local_sandboxes.load_state(state.sandbox_id, home=sandbox_home(state)) is None
 
 
 # --- no running sandbox (marked: the host must be able to run one; start() checks that first) ----
@@ -180,31 +182,31 @@ def test_missing_rootfs_is_a_clear_error(tmp_path: Path) -> None:
     spec = LocalSandboxSpec(sandbox_id="no-rootfs", rootfs=str(tmp_path / "nope"))
     with pytest.raises(SandboxError, match="does not exist; build the image first"):
         local_runtime.start(spec)
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
 
 
 def test_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "slirp4netns" else real_which(tool))
-    local_runtime.check_host.cache_clear()
+    local_host.check_host.cache_clear()
     try:
         with pytest.raises(SandboxError, match=r"slirp4netns: not installed \(apt-get install -y slirp4netns\)"):
-            local_runtime.check_host()
+            local_host.check_host()
     finally:
-        local_runtime.check_host.cache_clear()
+        local_host.check_host.cache_clear()
 
 
 @pytest.mark.sandbox
 def test_the_host_checks_pass_here() -> None:
     """``ale-iac doctor`` prints this same list (tests/cli: doctor says local can run)."""
-    assert all(check.ok for check in local_runtime.host_checks()), local_runtime.host_checks()
+    assert all(check.ok for check in local_host.host_checks()), local_host.host_checks()
 
 
 def test_a_normal_user_gets_the_rootless_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """As a normal user the runtime runs rootless: no loop device or mkfs, but user namespaces and
     overlayfs in one (the probe really tries them), and each limit says what it will be."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    checks = {check.name: check for check in local_runtime.host_checks()}
+    checks = {check.name: check for check in local_host.host_checks()}
     assert checks["mode"].detail.startswith("rootless (uid 1000)")
     assert not {"mkfs.ext4", "loop devices", "ext4 file system"} & set(checks)
     assert {"user namespaces", "overlay in a user namespace", "limit memory_gb", "limit pids_limit"} <= set(checks)
@@ -213,19 +215,17 @@ def test_a_normal_user_gets_the_rootless_checks(monkeypatch: pytest.MonkeyPatch)
 
 def test_disabled_user_namespaces_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    real = local_runtime._sysctl
-    monkeypatch.setattr(
-        local_runtime, "_sysctl", lambda name: "0" if name == "user.max_user_namespaces" else real(name)
-    )
-    local_runtime.check_host.cache_clear()
+    real = local_host._sysctl
+    monkeypatch.setattr(local_host, "_sysctl", lambda name: "0" if name == "user.max_user_namespaces" else real(name))
+    local_host.check_host.cache_clear()
     try:
         with pytest.raises(
             SandboxError,
             match=r"user namespaces: user.max_user_namespaces=0 \(sysctl -w user.max_user_namespaces=15000\)",
         ):
-            local_runtime.check_host()
+            local_host.check_host()
     finally:
-        local_runtime.check_host.cache_clear()
+        local_host.check_host.cache_clear()
 
 
 def test_rootless_refuses_an_image_it_does_not_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -247,7 +247,7 @@ def test_a_setup_failure_is_reported_and_cleaned_up(tmp_path: Path) -> None:
     assert "sandbox setup-fails failed to start" in message
     assert "the image has no /var/log/ale; is it an ale-iac image?" in message
     assert "--- supervisor.log ---" in message
-    assert local_runtime.list_sandboxes() == []
+    assert local_sandboxes.list_sandboxes() == []
     assert not processes_mentioning("setup-fails")
     assert not mounts_mentioning(str(rootfs))
 
@@ -299,17 +299,17 @@ def test_a_background_program_does_not_hold_run_command(local_sandbox: LocalSand
 
 @pytest.mark.sandbox
 def test_state_is_listed_and_alive(local_sandbox: LocalSandboxState) -> None:
-    listed = local_runtime.list_sandboxes(home=sandbox_home(local_sandbox))
+    listed = local_sandboxes.list_sandboxes(home=sandbox_home(local_sandbox))
     assert [s.sandbox_id for s in listed] == [local_sandbox.sandbox_id]
     state = listed[0]
-    assert local_runtime.is_alive(state)
+    assert local_sandboxes.is_alive(state)
     assert state.phase == "running"
     assert state.endpoint == f"http://127.0.0.1:{state.host_port}"
     assert state.labels == {"purpose": "pytest-session"}
-    assert state.init_pid is not None and state.init_pid in local_runtime.sandbox_pids(state)
+    assert state.init_pid is not None and state.init_pid in local_sandboxes.sandbox_pids(state)
     # A recycled pid is not the supervisor: same pid, other start time.
     impostor = LocalSandboxState(**{**state.to_json(), "supervisor_start_time": 1, "limits": []})
-    assert not local_runtime.is_alive(impostor)
+    assert not local_sandboxes.is_alive(impostor)
 
 
 @pytest.mark.sandbox
@@ -320,7 +320,7 @@ def test_rootfs_stays_unmodified(local_sandbox: LocalSandboxState, desktop_image
     assert not (desktop_image.rootfs / "etc" / "x").exists()
     assert (desktop_image.rootfs / "etc" / "hostname").exists()
     # The change lives in the sandbox's own file system, seen only through its mount namespace.
-    upper = Path(f"/proc/{local_sandbox.supervisor_pid}/root{local_runtime.MOUNT_ROOT}/layer/upper/etc")
+    upper = Path(f"/proc/{local_sandbox.supervisor_pid}/root{local_sandboxes.MOUNT_ROOT}/layer/upper/etc")
     assert (upper / "x").read_text() == "changed\n"
     assert not list(Path(local_sandbox.state_dir).rglob("x"))
 
@@ -342,7 +342,7 @@ def test_no_outbound_network_by_default(local_sandbox: LocalSandboxState) -> Non
     assert [line.split(":")[1].strip() for line in links] == ["lo"], links
     assert run(local_sandbox, "ip route")["stdout"].strip() == ""
     # Nothing answers for the sandbox on the host: no slirp4netns, no other helper.
-    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in local_runtime.sandbox_pids(local_sandbox)}
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in local_sandboxes.sandbox_pids(local_sandbox)}
     assert "slirp4netns" not in names, names
     reply = connect_from_sandbox(local_sandbox, "192.0.2.1", 80)  # TEST-NET-1: fails before any packet
     assert reply["return_code"] == 3, reply
@@ -453,10 +453,10 @@ def test_a_task_beyond_the_memory_limit_is_killed_and_the_sandbox_says_so(sandbo
     sandbox = sandbox_factory(memory_gb=0.75)
     record = next(r for r in sandbox.limits if r.name == "memory_gb")
     assert record.applied, record
-    assert local_runtime.oom_kills(sandbox) == 0
+    assert local_sandboxes.oom_kills(sandbox) == 0
     hog = run(sandbox, "python3 -c \"b = b'x' * (1536 * 2**20); print('survived', len(b))\"")
     assert hog["return_code"] in (137, -9) and "survived" not in hog["stdout"], hog
-    assert local_runtime.oom_kills(sandbox) >= 1
+    assert local_sandboxes.oom_kills(sandbox) >= 1
     assert run(sandbox, "echo alive")["stdout"] == "alive\n"
 
 
@@ -473,7 +473,7 @@ def test_stop_leaves_nothing_behind(desktop_image: ImageInfo) -> None:
     state = local_runtime.start(spec)
     try:
         wait_for_status(state)
-        pids = local_runtime.sandbox_pids(state)
+        pids = local_sandboxes.sandbox_pids(state)
         assert len(pids) >= 6  # supervisor, bwrap, init, Xvfb, openbox, server
         assert processes_mentioning(state.sandbox_id)
     finally:
@@ -488,12 +488,12 @@ def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
     state = local_runtime.start(spec)
     try:
         wait_for_status(state)
-        pids = local_runtime.sandbox_pids(state)
+        pids = local_sandboxes.sandbox_pids(state)
         os.kill(state.supervisor_pid, signal.SIGKILL)
         assert procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, 10)
-        assert not local_runtime.is_alive(state)
+        assert not local_sandboxes.is_alive(state)
         # The state dir is still there, so a garbage collector finds the dead sandbox.
-        listed = [s.sandbox_id for s in local_runtime.list_sandboxes()]
+        listed = [s.sandbox_id for s in local_sandboxes.list_sandboxes()]
         assert state.sandbox_id in listed
     finally:
         assert local_runtime.stop(state.sandbox_id) is True
@@ -514,7 +514,7 @@ def test_stopping_a_dead_sandbox_spares_a_neighbour_that_got_its_namespace_numbe
     dead = sandbox_factory()
     os.kill(dead.supervisor_pid, signal.SIGKILL)  # takes its sandbox along
     assert dead.init_pid is not None and procs.wait_gone(dead.init_pid, dead.init_start_time, 10)
-    state_file = Path(dead.state_dir) / local_runtime.STATE_FILE
+    state_file = Path(dead.state_dir) / local_sandboxes.STATE_FILE
     recorded = json.loads(state_file.read_text())
     recorded["pid_namespace"] = live.pid_namespace
     state_file.write_text(json.dumps(recorded))
@@ -542,7 +542,7 @@ def test_duplicate_id_is_refused(local_sandbox: LocalSandboxState, desktop_image
     spec = LocalSandboxSpec(sandbox_id=local_sandbox.sandbox_id, rootfs=str(desktop_image.rootfs))
     with pytest.raises(SandboxError, match="already exists"):
         local_runtime.start(spec, home=sandbox_home(local_sandbox))
-    assert local_runtime.is_alive(local_sandbox)
+    assert local_sandboxes.is_alive(local_sandbox)
 
 
 @pytest.mark.sandbox
@@ -553,7 +553,7 @@ def test_a_failing_start_cleans_up(desktop_image: ImageInfo) -> None:
     try:
         supervisor_start = state.supervisor_start_time
         assert procs.wait_gone(state.supervisor_pid, supervisor_start, 20)
-        reloaded = local_runtime.load_state("bad-init")
+        reloaded = local_sandboxes.load_state("bad-init")
         assert reloaded is not None and reloaded.phase == "exited"
         assert reloaded.exit_code not in (None, 0)
         # The sandbox's file system is gone; the tail of its init's log was kept on the way out.
