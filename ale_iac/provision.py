@@ -40,14 +40,14 @@ def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) ->
     each route's image, then what its substrate needs beyond it (``Substrate.prepare_images``: for ``qemu``
     the qcow2 export and, with ``runner: container``, the runner image). A profile that needs no qemu
     artifact never builds one."""
-    from ale_iac import images
+    from ale_iac import image_build
 
     by_substrate: dict[str, list[HostRoute]] = {}
     for route in profile.snapshots.values():
         if isinstance(route, HostRoute):
             by_substrate.setdefault(route.provider, []).append(route)
     for name in sorted({route.image for routes in by_substrate.values() for route in routes}):
-        images.build_image(name) if log is None else images.build_image(name, log=log)
+        image_build.build_image(name) if log is None else image_build.build_image(name, log=log)
     for substrate, routes in by_substrate.items():
         registry.get(substrate).prepare_images(routes, log)
 

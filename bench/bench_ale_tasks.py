@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ale_iac.images import build_image  # noqa: E402
+from ale_iac.image_build import build_image  # noqa: E402
 from ale_iac.runner.ale_tasks import LocalTaskData, load_ale_task  # noqa: E402
 from ale_iac.runner.tasks import Task, UnitTask, load_task  # noqa: E402
 from ale_iac.sandbox.handle import SandboxHandle  # noqa: E402

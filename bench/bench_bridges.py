@@ -94,7 +94,7 @@ async def run(endpoint: str, token: str | None, runs: int, warmup: int) -> None:
 
 @contextmanager
 def local_sandbox() -> Iterator[tuple[str, str]]:
-    from ale_iac.images import build_image
+    from ale_iac.image_build import build_image
     from ale_iac.substrates.local import runtime as local_runtime
     from ale_iac.substrates.local import sandboxes as local_sandboxes
     from ale_iac.substrates.local.sandboxes import LocalSandboxSpec

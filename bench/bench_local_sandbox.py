@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 
 from ale_iac import procs
-from ale_iac.images import ImageInfo, build_image, require_image
+from ale_iac.image_build import build_image
+from ale_iac.images import ImageInfo, require_image
 from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local import sandboxes as local_sandboxes

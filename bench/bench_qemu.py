@@ -34,7 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs
-from ale_iac.images import export_context
+from ale_iac.image_build import export_context
 from ale_iac.runner import tasks
 from ale_iac.sandbox import transport
 from ale_iac.sandbox.client import ComputerServerClient

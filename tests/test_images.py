@@ -21,10 +21,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ale_iac import images
+from ale_iac import image_build, images
 from ale_iac.cli import images as images_cli
 from ale_iac.errors import AleIacError
-from ale_iac.images import ImageBuildError, ImageInfo, build_image, find_image, list_images, require_image
+from ale_iac.image_build import build_image
+from ale_iac.images import ImageBuildError, ImageInfo, find_image, list_images, require_image
 
 TINY_SETUP = """#!/bin/sh
 set -eu
@@ -84,14 +85,14 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     calls: list[str] = []
     lock = threading.Lock()
 
-    def fake_debootstrap(self: images._Builder) -> None:
+    def fake_debootstrap(self: image_build._Builder) -> None:
         with lock:
             calls.append(str(self.work))
         self.log("[debootstrap (tiny rootfs)] ...")
         tiny_rootfs(self.rootfs)
         self.steps["debootstrap"] = 0.0
 
-    monkeypatch.setattr(images._Builder, "debootstrap", fake_debootstrap)
+    monkeypatch.setattr(image_build._Builder, "debootstrap", fake_debootstrap)
     return {"recipe": recipe, "cache": cache / "images", "debootstraps": calls}
 
 

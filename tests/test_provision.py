@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac import images
+from ale_iac import image_build
 from ale_iac.profile import load_profile_file
 from ale_iac.provision import ensure_images
 from ale_iac.substrates.qemu import disk
@@ -31,7 +31,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         if callable(log):
             log(f"building {name}")
 
-    monkeypatch.setattr(images, "build_image", build)
+    monkeypatch.setattr(image_build, "build_image", build)
     monkeypatch.setattr(disk, "ensure_export", lambda name, _log: asked.append(f"qcow2:{name}"))
     return asked
 

@@ -35,7 +35,7 @@ def build(
     ] = None,
 ) -> None:
     """Build an image (debootstrap + its setup phases), or reuse the cached build of the same recipe."""
-    from ale_iac.images import build_image
+    from ale_iac.image_build import build_image
     from ale_iac.substrates import registry
 
     started = time.monotonic()

@@ -191,7 +191,8 @@ def _remove(path: Path) -> None:
 def ensure_export(name: str = "desktop", log: LogFn | None = None) -> QemuDisk:
     """The built image ``name`` as a bootable qcow2 disk (:func:`export_qcow2`), made once per recipe and
     guest-file hash."""
-    from ale_iac.images import export_context, require_image
+    from ale_iac.image_build import export_context
+    from ale_iac.images import require_image
 
     existing = find_export(require_image(name).path)
     if existing is not None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import SecretStr
 
-from ale_iac import clock, images
+from ale_iac import clock, image_build
 from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
 from ale_iac.images import ensure_docker_image, require_image
@@ -135,7 +135,7 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         for name in sorted({route.image for route in routes}):
             disk.ensure_export(name, log)
         if any(route.runner == "container" for route in routes):
-            images.build_image(RUNNER_IMAGE) if log is None else images.build_image(RUNNER_IMAGE, log=log)
+            image_build.build_image(RUNNER_IMAGE) if log is None else image_build.build_image(RUNNER_IMAGE, log=log)
 
     def export_image(self, name: str, log: LogFn | None) -> str:
         return str(disk.ensure_export(name, log).disk)
@@ -145,7 +145,7 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         qcow2 = disk.ensure_export(inputs.image_recipe)  # exported once per recipe hash
         runner_image = None
         if inputs.runner == "container":
-            images.build_image(RUNNER_IMAGE)  # cached by recipe hash: built once
+            image_build.build_image(RUNNER_IMAGE)  # cached by recipe hash: built once
             runner_image = ensure_docker_image(RUNNER_IMAGE)
         spec = runtime.QemuSandboxSpec(
             sandbox_id=sandbox_id,

@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ale_iac.images import build_image, ensure_docker_image
+from ale_iac.image_build import build_image
+from ale_iac.images import ensure_docker_image
 from ale_iac.substrates.docker.runtime import client
 from ale_iac.substrates.qemu import launcher, runtime
 from tests.substrates.qemu.conftest import StartFn, endpoint
