@@ -24,46 +24,37 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, Final, Literal
 
 from ale_iac.clock import utc_now
 from ale_iac.llm import _serving as serving
 from ale_iac.llm.plan import (
-    NO_USAGE,
-    SHELL,
-    FailMode,
-    FailTurn,
     Plan,
-    Script,
-    TextTurn,
-    ToolTurn,
-    Usage,
 )
+from ale_iac.llm.scripted_replies import (
+    PLAN_ERROR,
+    Reply,
+    Then,
+    anthropic_events,
+    anthropic_message,
+    choose_reply,
+    error_body,
+    responses_completed,
+    responses_events,
+)
+from ale_iac.llm.scripted_requests import Api, offered_tools
 
-Api = Literal["anthropic", "openai"]
 AuthSeen = Literal["absent", "present", "ok", "wrong"]
 """What the server saw of credentials: none; some (no key expected); all equal to the expected key; not."""
-Then = Literal["end", "hang", "drop"]
 
 MESSAGES: Final = "/v1/messages"
 COUNT_TOKENS: Final = "/v1/messages/count_tokens"
 RESPONSES: Final = "/v1/responses"
 AUTH_HEADERS: Final = ("x-api-key", "authorization")
-PLAN_ERROR: Final = "plan error: "
-"""How the message of a plan error's HTTP 400 answer starts (the run reads it back from its gateway's record)."""
-PLAN_ERROR_STATUS: Final = 400
-"""A client error: no CLI or SDK retries it, so a plan error ends the agent's run at once."""
-CLAUDE_SHELL: Final = "Bash"
-CODEX_SHELLS: Final = ("exec_command", "shell_command", "shell")
-"""Codex's native shell tool, newest first: ``exec_command {cmd}`` (0.171: unified exec, the default),
-``shell_command {command: str}``, ``shell {command: [argv]}`` (older releases)."""
 
 
 @dataclass(frozen=True)
@@ -98,447 +89,6 @@ class ServedRequest:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class _Offered:
-    """The tools a request offers, keyed by (namespace or None, name), with their argument names."""
-
-    params: dict[tuple[str | None, str], frozenset[str] | None]
-    display: tuple[str, ...]
-
-    def has(self, namespace: str | None, name: str) -> bool:
-        return (namespace, name) in self.params
-
-
-@dataclass(frozen=True)
-class _Reply:
-    """What to answer: a tool call, a text, or a failure."""
-
-    kind: Literal["tool", "text", "fail"]
-    usage: Usage = NO_USAGE
-    text: str = ""
-    name: str = ""
-    namespace: str | None = None
-    arguments: dict[str, Any] = field(default_factory=dict)
-    fail: FailMode | None = None
-    status: int = 200
-    script: int | None = None
-    turn: int | None = None
-    plan_error: str | None = None
-
-    @property
-    def served(self) -> str:
-        if self.plan_error is not None:
-            return "plan_error"
-        return f"fail:{self.fail}" if self.kind == "fail" else self.kind
-
-    @property
-    def wire_tool(self) -> str | None:
-        if self.kind != "tool":
-            return None
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
-
-
-# --- reading requests -------------------------------------------------------------------------
-
-
-def _texts(content: Any) -> Iterator[str]:
-    if isinstance(content, str):
-        yield content
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                yield part["text"]
-
-
-def prompt_of(api: Api, body: dict[str, Any]) -> str:
-    """The prompt a plan is matched against: the text of the user messages before the first answer.
-
-    Claude Code puts the prompt in its first user message (after ``<system-reminder>`` blocks); Codex
-    sends an ``<environment_context>`` user message first and the prompt in a second one."""
-    items = body.get("messages") if api == "anthropic" else body.get("input")
-    if isinstance(items, str):
-        return items
-    texts: list[str] = []
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, dict):
-            continue
-        role = item.get("role")
-        if item.get("type", "message") != "message" or role == "assistant":
-            break
-        if role == "user":
-            texts.extend(_texts(item.get("content")))
-    return "\n".join(texts)
-
-
-_WRAPPER_BLOCK = re.compile(r"\A\s*<([A-Za-z_][\w-]*)\b[^>]*?(?:/>|>.*?</\1\s*>)", re.S)
-"""A block a CLI wraps its own context in (``<system-reminder>...</system-reminder>``,
-``<environment_context/>``), at the start of a text."""
-
-
-def task_text_of(api: Api, body: dict[str, Any]) -> str:
-    """The task's own words in the prompt: the last user text before the first answer, without the
-    blocks the CLI wraps its own context in (Claude Code's ``<system-reminder>``, Codex's
-    ``<environment_context>``); the whole prompt if nothing else is left."""
-    items = body.get("messages") if api == "anthropic" else body.get("input")
-    if isinstance(items, str):
-        return items
-    last = ""
-    for item in items if isinstance(items, list) else []:
-        if not isinstance(item, dict):
-            continue
-        if item.get("type", "message") != "message" or item.get("role") == "assistant":
-            break
-        if item.get("role") != "user":
-            continue
-        for text in _texts(item.get("content")):
-            rest = text
-            while found := _WRAPPER_BLOCK.match(rest):
-                rest = rest[found.end() :]
-            last = rest.strip() or last
-    return last or prompt_of(api, body)
-
-
-def tool_results_in(api: Api, body: dict[str, Any]) -> int:
-    """How many tool results the conversation holds: the index of the turn to serve."""
-    if api == "anthropic":
-        return sum(
-            1
-            for message in body.get("messages") or []
-            if isinstance(message, dict) and isinstance(message.get("content"), list)
-            for block in message["content"]
-            if isinstance(block, dict) and block.get("type") == "tool_result"
-        )
-    items = body.get("input")
-    if not isinstance(items, list):
-        return 0
-    return sum(1 for item in items if isinstance(item, dict) and str(item.get("type", "")).endswith("_output"))
-
-
-def _properties(schema: Any) -> frozenset[str] | None:
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    return frozenset(props) if isinstance(props, dict) else None
-
-
-def offered_tools(api: Api, body: dict[str, Any]) -> _Offered:
-    params: dict[tuple[str | None, str], frozenset[str] | None] = {}
-    display: list[str] = []
-    for tool in body.get("tools") or []:
-        if not isinstance(tool, dict):
-            continue
-        if api == "anthropic":
-            name = tool.get("name")
-            if isinstance(name, str):
-                params[(None, name)] = _properties(tool.get("input_schema"))
-                display.append(name)
-        elif tool.get("type") == "namespace":
-            namespace = str(tool.get("name"))
-            for child in tool.get("tools") or []:
-                if isinstance(child, dict) and isinstance(child.get("name"), str):
-                    params[(namespace, child["name"])] = _properties(child.get("parameters"))
-                    display.append(f"{namespace}/{child['name']}")
-        elif isinstance(tool.get("name"), str):
-            params[(None, tool["name"])] = _properties(tool.get("parameters"))
-            display.append(tool["name"])
-        else:
-            display.append(f"<{tool.get('type')}>")
-    return _Offered(params, tuple(display))
-
-
-# --- choosing the answer ----------------------------------------------------------------------
-
-
-def _only_known(arguments: dict[str, Any], known: frozenset[str] | None) -> dict[str, Any]:
-    return dict(arguments) if known is None else {k: v for k, v in arguments.items() if k in known}
-
-
-def _resolve_tool(api: Api, turn: ToolTurn, offered: _Offered) -> tuple[str | None, str, dict[str, Any]] | None:
-    """(namespace, name, arguments) of the offered tool a logical tool turn maps to, or None."""
-    if turn.tool == SHELL:
-        command: str = turn.arguments["command"]
-        rest = {k: v for k, v in turn.arguments.items() if k != "command"}
-        if api == "anthropic":
-            if offered.has(None, CLAUDE_SHELL):
-                known = offered.params[(None, CLAUDE_SHELL)]
-                return None, CLAUDE_SHELL, {"command": command, **_only_known(rest, known)}
-            return None
-        for name in CODEX_SHELLS:
-            if offered.has(None, name):
-                known = offered.params[(None, name)]
-                if name == "exec_command":
-                    return None, name, {"cmd": command, **_only_known(rest, known)}
-                if name == "shell_command":
-                    return None, name, {"command": command, **_only_known(rest, known)}
-                return None, name, {"command": ["bash", "-lc", command], **_only_known(rest, known)}
-        return None
-    function = turn.function_name()
-    if function is not None:
-        return (None, function, dict(turn.arguments)) if offered.has(None, function) else None
-    server, tool = turn.mcp_parts()
-    flat = f"mcp__{server}__{tool}"
-    if api == "openai" and offered.has(f"mcp__{server}", tool):
-        return f"mcp__{server}", tool, dict(turn.arguments)
-    if offered.has(None, flat):
-        return None, flat, dict(turn.arguments)
-    return None
-
-
-def _not_offered(turn: ToolTurn, offered: _Offered) -> str:
-    listed = ", ".join(offered.display) or "none"
-    message = f"the plan calls {turn.tool}, which this request does not offer (tools offered: {listed})"
-    if any(name in {"ToolSearch", "tool_search", "<tool_search>"} for name in offered.display):
-        message += (
-            "; the CLI defers MCP tools behind tool search (Claude Code: set ENABLE_TOOL_SEARCH=false; "
-            "Codex: use a model name it does not know)"
-        )
-    return message
-
-
-def choose_reply(
-    plan: Plan, api: Api, body: dict[str, Any], failed: dict[tuple[int, int], int] | None = None
-) -> _Reply:
-    """The answer the plan gives to this request. ``failed`` counts, per (script, turn), the requests a
-    fail turn with ``times`` has failed so far (updated here); such a turn is skipped once spent."""
-    prompt = prompt_of(api, body)
-    index = plan.script_for(prompt)
-    if index is None:
-        excerpt = " ".join(task_text_of(api, body).split())[:160]
-        return _error_reply(f"no script matches the prompt {excerpt!r}")
-    script: Script = plan.scripts[index]
-    failed = {} if failed is None else failed
-    live = [
-        (i, t)
-        for i, t in enumerate(script.turns)
-        if not (isinstance(t, FailTurn) and t.times is not None and failed.get((index, i), 0) >= t.times)
-    ]
-    number = tool_results_in(api, body)
-    if number >= len(live):
-        texts = [t for t in script.turns if isinstance(t, TextTurn)]
-        if not texts:
-            return _error_reply(
-                f"script {index} has {len(script.turns)} turns and no text turn; the conversation "
-                f"already holds {number} tool results",
-                index,
-                number,
-            )
-        last = texts[-1]
-        return _Reply("text", last.usage, text=last.text, script=index, turn=script.turns.index(last))
-    number, turn = live[number]
-    if isinstance(turn, TextTurn):
-        return _Reply("text", turn.usage, text=turn.text, script=index, turn=number)
-    if isinstance(turn, FailTurn):
-        if turn.times is not None:
-            failed[(index, number)] = failed.get((index, number), 0) + 1
-        status = turn.http_status or 200
-        return _Reply("fail", NO_USAGE, fail=turn.fail, status=status, script=index, turn=number)
-    offered = offered_tools(api, body)
-    resolved = _resolve_tool(api, turn, offered)
-    if resolved is None:
-        return _error_reply(f"script {index} turn {number}: " + _not_offered(turn, offered), index, number)
-    namespace, name, arguments = resolved
-    return _Reply("tool", turn.usage, name=name, namespace=namespace, arguments=arguments, script=index, turn=number)
-
-
-def _error_reply(message: str, script: int | None = None, turn: int | None = None) -> _Reply:
-    return _Reply("text", NO_USAGE, status=PLAN_ERROR_STATUS, script=script, turn=turn, plan_error=message)
-
-
-# --- writing answers --------------------------------------------------------------------------
-
-
-def _id(prefix: str) -> str:
-    return prefix + uuid.uuid4().hex[:24]
-
-
-def _anthropic_block(reply: _Reply) -> dict[str, Any]:
-    if reply.kind == "tool":
-        return {"type": "tool_use", "id": _id("toolu_"), "name": reply.name, "input": reply.arguments}
-    return {"type": "text", "text": reply.text}
-
-
-def anthropic_events(reply: _Reply, model: str) -> tuple[list[bytes], Then]:
-    message: dict[str, Any] = {
-        "id": _id("msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": 0},
-    }
-    events = [serving.sse("message_start", {"type": "message_start", "message": message})]
-    if reply.fail == "hang":
-        return events, "hang"
-    block = _anthropic_block(reply)
-    if block["type"] == "tool_use":
-        start = {**block, "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-    else:
-        start = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": block["text"] if reply.fail is None else "partial answer"}
-    events.append(
-        serving.sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": start})
-    )
-    events.append(serving.sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
-    if reply.fail == "drop":
-        return events, "drop"
-    stop_reason = "tool_use" if reply.kind == "tool" else "end_turn"
-    events += [
-        serving.sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        serving.sse(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": reply.usage.output_tokens},
-            },
-        ),
-        serving.sse("message_stop", {"type": "message_stop"}),
-    ]
-    return events, "end"
-
-
-def anthropic_message(reply: _Reply, model: str) -> dict[str, Any]:
-    return {
-        "id": _id("msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [_anthropic_block(reply)],
-        "stop_reason": "tool_use" if reply.kind == "tool" else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": reply.usage.input_tokens, "output_tokens": reply.usage.output_tokens},
-    }
-
-
-def _responses_item(reply: _Reply) -> dict[str, Any]:
-    if reply.kind == "tool":
-        item: dict[str, Any] = {
-            "type": "function_call",
-            "id": _id("fc_"),
-            "call_id": _id("call_"),
-            "name": reply.name,
-            "arguments": json.dumps(reply.arguments),
-            "status": "completed",
-        }
-        if reply.namespace:
-            item["namespace"] = reply.namespace
-        return item
-    return {
-        "type": "message",
-        "id": _id("msg_"),
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
-    }
-
-
-def _response_object(response_id: str, model: str, status: str) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "model": model,
-        "output": [],
-        "usage": None,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": None,
-        "metadata": {},
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "temperature": None,
-        "top_p": None,
-    }
-
-
-def _responses_usage(usage: Usage) -> dict[str, Any]:
-    return {
-        "input_tokens": usage.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": usage.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-    }
-
-
-def responses_completed(
-    reply: _Reply, model: str, response_id: str | None = None, item: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    response = _response_object(response_id or _id("resp_"), model, "completed")
-    response["output"] = [item or _responses_item(reply)]
-    response["usage"] = _responses_usage(reply.usage)
-    return response
-
-
-def responses_events(reply: _Reply, model: str) -> tuple[list[bytes], Then]:
-    sequence = iter(range(1_000_000))
-
-    def event(kind: str, **data: Any) -> bytes:
-        return serving.sse(kind, {"type": kind, "sequence_number": next(sequence), **data})
-
-    response_id = _id("resp_")
-    events = [event("response.created", response=_response_object(response_id, model, "in_progress"))]
-    if reply.fail == "hang":
-        return events, "hang"
-    item = _responses_item(reply)
-    if item["type"] == "function_call":
-        events += [
-            event(
-                "response.output_item.added", output_index=0, item={**item, "arguments": "", "status": "in_progress"}
-            ),
-            event(
-                "response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=item["arguments"]
-            ),
-            event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=0,
-                name=item["name"],
-                arguments=item["arguments"],
-            ),
-        ]
-    else:
-        text = item["content"][0]["text"] if reply.fail is None else "partial answer"
-        empty_part = {"type": "output_text", "text": "", "annotations": []}
-        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
-        events += [
-            event("response.output_item.added", output_index=0, item={**item, "content": [], "status": "in_progress"}),
-            event("response.content_part.added", **where, part=empty_part),
-            event("response.output_text.delta", **where, delta=text, logprobs=[]),
-        ]
-        if reply.fail == "drop":
-            return events, "drop"
-        events += [
-            event("response.output_text.done", **where, text=text, logprobs=[]),
-            event("response.content_part.done", **where, part=item["content"][0]),
-        ]
-    events += [
-        event("response.output_item.done", output_index=0, item=item),
-        event("response.completed", response=responses_completed(reply, model, response_id, item)),
-    ]
-    return events, "end"
-
-
-def _error_body(api: Api, status: int, message: str) -> dict[str, Any]:
-    kinds = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        405: "invalid_request_error",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }
-    kind = kinds.get(status, "api_error")
-    if api == "anthropic":
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    return {
-        "error": {"message": message, "type": kind if status < 500 else "server_error", "param": None, "code": None}
-    }
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -678,23 +228,23 @@ class ScriptedModelServer:
             return
         if api is None:
             self._record(replace(seen, status=404, served="not_found"))
-            await serving.send_json(send, 404, _error_body("anthropic", 404, f"no such endpoint: {method} {path}"))
+            await serving.send_json(send, 404, error_body("anthropic", 404, f"no such endpoint: {method} {path}"))
             return
         if method != "POST":
             self._record(replace(seen, status=405, served="method_not_allowed"))
-            await serving.send_json(send, 405, _error_body(api, 405, f"{path} takes POST"), [("allow", "POST")])
+            await serving.send_json(send, 405, error_body(api, 405, f"{path} takes POST"), [("allow", "POST")])
             return
         auth, present = self._auth(headers)
         seen = replace(seen, auth=auth, auth_headers=present)
         if auth in {"absent", "wrong"} and self._api_key is not None:
             self._record(replace(seen, status=401, served="refused", error=f"credentials {auth}"))
-            await serving.send_json(send, 401, _error_body(api, 401, "invalid API key"))
+            await serving.send_json(send, 401, error_body(api, 401, "invalid API key"))
             return
         raw = await serving.read_body(receive)
         body = _json_object(raw)
         if body is None or (path == MESSAGES and not isinstance(body.get("messages"), list)):
             self._record(replace(seen, status=400, served="bad_request", error="body is not a valid request"))
-            await serving.send_json(send, 400, _error_body(api, 400, "the body is not a valid JSON request"))
+            await serving.send_json(send, 400, error_body(api, 400, "the body is not a valid JSON request"))
             return
         model = str(body.get("model") or "scripted-model")
         stream = bool(body.get("stream", False))
@@ -723,11 +273,11 @@ class ScriptedModelServer:
         await self._answer(api, model, stream, reply, receive, send)
 
     async def _answer(
-        self, api: Api, model: str, stream: bool, reply: _Reply, receive: serving.Receive, send: serving.Send
+        self, api: Api, model: str, stream: bool, reply: Reply, receive: serving.Receive, send: serving.Send
     ) -> None:
         if reply.status != 200:
             message = PLAN_ERROR + reply.plan_error if reply.plan_error else f"scripted failure ({reply.fail})"
-            await serving.send_json(send, reply.status, _error_body(api, reply.status, message))
+            await serving.send_json(send, reply.status, error_body(api, reply.status, message))
             return
         then: Then
         if stream:

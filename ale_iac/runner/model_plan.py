@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from ale_iac.errors import AleIacError
 from ale_iac.llm.gateway import ApiKind, base_url_for
-from ale_iac.llm.scripted import PLAN_ERROR
+from ale_iac.llm.scripted_replies import PLAN_ERROR
 from ale_iac.procs import stop_by_closing_stdin
 
 LOG_NAME: Final = "model_server.log"

@@ -12,7 +12,9 @@ import httpx
 import openai
 import pytest
 
-from ale_iac.llm.scripted import PLAN_ERROR, ScriptedModelServer, ServedRequest, prompt_of, task_text_of
+from ale_iac.llm.scripted import ScriptedModelServer, ServedRequest
+from ale_iac.llm.scripted_replies import PLAN_ERROR
+from ale_iac.llm.scripted_requests import prompt_of, task_text_of
 from tests.llm.conftest import MakeServer
 from tests.llm.helpers import (
     CLAUDE_TOOLS,
