@@ -167,18 +167,9 @@ def _launched_of(record: dict[str, Any]) -> Launched:
     return Launched(runner=record.get("runner", "host"), pid=record.get("pid"), container_id=record.get("container_id"))
 
 
-def start(
-    spec: QemuSandboxSpec, log: Callable[[str], None] | None = None, *, keep_token: bool = False
-) -> QemuSandboxState:
-    """Start a unit guest and give it its identity; returns once its forwarder listens in the guest (the
-    endpoint answers through QEMU's forward right after). Whatever was made is removed on failure.
-    ``keep_token``: also write the token to the unit's ``token`` file (a reset unit's, for :func:`current`)."""
-    started = time.monotonic()
-    unit_dir = unit_dir_of(spec.sandbox_id)
-    units_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
-    unit_dir.mkdir(mode=0o700)
-    machine = spec.machine()
-    record: dict[str, Any] = {
+def _unit_record(spec: QemuSandboxSpec, machine: Machine) -> dict[str, Any]:
+    """What the unit's folder records of it from the start (``unit.json``; the port and the process follow)."""
+    return {
         "sandbox_id": spec.sandbox_id,
         "labels": dict(spec.labels),
         "expires_at": spec.expires_at,
@@ -190,6 +181,49 @@ def start(
         "owner_pid": os.getpid(),
         "spec": spec.to_record(),
     }
+
+
+def _give_identity(sandbox_id: str, unit_dir: Path, launched: Launched, *, resumed: bool) -> dict[str, Any]:
+    """A new identity (hostname, machine id, seed, token) sent to the guest agent once the guest is up (booted,
+    or ``resumed`` from the saved state), and applied by it; returns the identity."""
+    identity = {
+        "hostname": sandbox_id,
+        "machine_id": secrets.token_hex(16),
+        "seed": secrets.token_hex(64),
+        "token": secrets.token_urlsafe(32),
+        "share": True,
+    }
+    agent = AgentChannel(unit_dir / "agent.sock")
+    try:
+        if resumed:
+            _resume(unit_dir, launched)
+        else:
+            try:
+                agent.wait_for("waiting", time.monotonic() + BOOT_TIMEOUT_S)
+            except TimeoutError:
+                raise QemuSubstrateError(f"the guest did not boot within {BOOT_TIMEOUT_S:.0f} s") from None
+        agent.send({**identity, "epoch_ns": time.time_ns()})
+        try:
+            agent.wait_for("ready", time.monotonic() + READY_TIMEOUT_S)
+        except TimeoutError:
+            raise QemuSubstrateError("the guest agent did not apply the unit's identity in time") from None
+    finally:
+        agent.close()
+    return identity
+
+
+def start(
+    spec: QemuSandboxSpec, log: Callable[[str], None] | None = None, *, keep_token: bool = False
+) -> QemuSandboxState:
+    """Start a unit guest and give it its identity; returns once its forwarder listens in the guest (the
+    endpoint answers through QEMU's forward right after). Whatever was made is removed on failure.
+    ``keep_token``: also write the token to the unit's ``token`` file (a reset unit's, for :func:`current`)."""
+    started = time.monotonic()
+    unit_dir = unit_dir_of(spec.sandbox_id)
+    units_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    unit_dir.mkdir(mode=0o700)
+    machine = spec.machine()
+    record = _unit_record(spec, machine)
     _write_record(unit_dir, record)
     try:
         incoming = None
@@ -208,29 +242,7 @@ def start(
         _write_record(unit_dir, record)
         launch_at = time.monotonic()
         wait_for_sockets(launched, unit_dir, time.monotonic() + 60)
-        identity = {
-            "hostname": spec.sandbox_id,
-            "machine_id": secrets.token_hex(16),
-            "seed": secrets.token_hex(64),
-            "token": secrets.token_urlsafe(32),
-            "share": True,
-        }
-        agent = AgentChannel(unit_dir / "agent.sock")
-        try:
-            if incoming is not None:
-                _resume(unit_dir, launched)
-            else:
-                try:
-                    agent.wait_for("waiting", time.monotonic() + BOOT_TIMEOUT_S)
-                except TimeoutError:
-                    raise QemuSubstrateError(f"the guest did not boot within {BOOT_TIMEOUT_S:.0f} s") from None
-            agent.send({**identity, "epoch_ns": time.time_ns()})
-            try:
-                agent.wait_for("ready", time.monotonic() + READY_TIMEOUT_S)
-            except TimeoutError:
-                raise QemuSubstrateError("the guest agent did not apply the unit's identity in time") from None
-        finally:
-            agent.close()
+        identity = _give_identity(spec.sandbox_id, unit_dir, launched, resumed=incoming is not None)
         if not alive(launched, unit_dir):
             raise QemuSubstrateError(f"QEMU exited: {log_tail(launched, unit_dir)}")
         if keep_token:

@@ -157,54 +157,67 @@ def ensure_saved_state(
         work = root / f".b-{digest}-{os.getpid()}"
         work.mkdir(mode=0o700)
         say(f"cold boot of a guest to save its memory state ({key})")
-        started = time.monotonic()
-        launched: Launched | None = None
         try:
-            launched = launch(
-                runner, work, machine, free_port(), runner_image=runner_image, labels={"saved-state": digest}
-            )
-            record_launch(work, launched)
-            wait_for_sockets(launched, work, time.monotonic() + 60)
-            agent = AgentChannel(work / "agent.sock")
-            try:
-                agent.wait_for("waiting", time.monotonic() + BOOT_TIMEOUT_S)
-            except TimeoutError:
-                raise QemuSubstrateError(f"the guest did not boot within {BOOT_TIMEOUT_S:.0f} s") from None
-            finally:
-                agent.close()
-            booted = time.monotonic() - started
-            save_started = time.monotonic()
-            _save(work, launched)
-            saved = time.monotonic() - save_started
-            kill(launched, work)
-            launched = None
-            for leftover in ("share", "qmp.sock", "agent.sock"):
-                path = work / leftover
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-            (work / LAUNCHED).unlink()
-            for name in (OVERLAY, STATE):
-                (work / name).chmod(0o444)
-            manifest = {
-                "key": key,
-                "made_at": utc_now("seconds"),
-                "cold_boot_seconds": round(booted, 2),
-                "save_seconds": round(saved, 2),
-                "state_bytes": (work / STATE).stat().st_size,
-            }
-            (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            booted, saved = _cold_boot_and_save(work, machine, runner, runner_image, digest)
+            _seal(work, key, booted, saved)
             final = root / digest
             work.rename(final)
         except BaseException:
-            if launched is not None:
-                with contextlib.suppress(Exception):
-                    kill(launched, work)
             shutil.rmtree(work, ignore_errors=True)
             raise
     say(f"memory state saved in {final} (cold boot {booted:.1f} s, save {saved:.1f} s)")
     return SavedState(final, key)
+
+
+def _cold_boot_and_save(
+    work: Path, machine: Machine, runner: Runner, runner_image: str | None, digest: str
+) -> tuple[float, float]:
+    """Boot a guest in ``work``, wait for its agent, save its memory state there and stop it; returns the boot's
+    and the save's seconds. The guest is killed on any failure."""
+    started = time.monotonic()
+    launched = launch(runner, work, machine, free_port(), runner_image=runner_image, labels={"saved-state": digest})
+    try:
+        record_launch(work, launched)
+        wait_for_sockets(launched, work, time.monotonic() + 60)
+        agent = AgentChannel(work / "agent.sock")
+        try:
+            agent.wait_for("waiting", time.monotonic() + BOOT_TIMEOUT_S)
+        except TimeoutError:
+            raise QemuSubstrateError(f"the guest did not boot within {BOOT_TIMEOUT_S:.0f} s") from None
+        finally:
+            agent.close()
+        booted = time.monotonic() - started
+        save_started = time.monotonic()
+        _save(work, launched)
+        saved = time.monotonic() - save_started
+    except BaseException:
+        with contextlib.suppress(Exception):
+            kill(launched, work)
+        raise
+    kill(launched, work)
+    return booted, saved
+
+
+def _seal(work: Path, key: str, booted: float, saved: float) -> None:
+    """The saved state's folder as it is kept: what only the boot needed removed, the overlay and the state
+    read-only, and its manifest."""
+    for leftover in ("share", "qmp.sock", "agent.sock"):
+        path = work / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    (work / LAUNCHED).unlink()
+    for name in (OVERLAY, STATE):
+        (work / name).chmod(0o444)
+    manifest = {
+        "key": key,
+        "made_at": utc_now("seconds"),
+        "cold_boot_seconds": round(booted, 2),
+        "save_seconds": round(saved, 2),
+        "state_bytes": (work / STATE).stat().st_size,
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def _save(work: Path, launched: Launched) -> None:
