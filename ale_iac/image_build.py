@@ -305,6 +305,36 @@ class _Builder:
         return manifest
 
 
+def _remove_leftovers(root: Path, ref: str, log: LogFn) -> None:
+    """What a killed build of ``ref`` left; under the image's lock nobody else can be using it."""
+    for stale in root.glob(f".build-{ref}-*"):
+        log(f"removing the leftover of an interrupted build: {stale}")
+        remove_tree(stale)
+    for stale in root.glob(f".old-{ref}-*"):
+        remove_tree(stale)
+
+
+def _run_build(builder: _Builder, recipe: Path) -> None:
+    """Every step of the build, in its folder: debootstrap, the recipe's phases in the chroot, the manifest."""
+    started = time.monotonic()
+    builder.debootstrap()
+    builder.prepare_chroot(recipe)
+    for phase in builder.recipe.get("build", {}).get("phases", []):
+        builder.phase(str(phase))
+    builder.finish_chroot()
+    builder.write_manifest(time.monotonic() - started)
+
+
+def _replace(final: Path, work: Path, old: Path) -> None:
+    """``work`` renamed into place as ``final``; a build there before is moved aside first, then removed."""
+    if final.exists():
+        final.rename(old)
+        work.rename(final)
+        remove_tree(old)
+    else:
+        work.rename(final)
+
+
 def build_image(
     name: str,
     *,
@@ -333,40 +363,19 @@ def build_image(
         if not force and (existing := find_image(name)) is not None:
             log(f"image {ref} was built meanwhile: {existing.path}")
             return existing
-        if force and final.exists():
-            users = users_of(final / ROOTFS)
-            if users:
-                raise AleIacError(
-                    f"image {ref} is in use by running sandboxes ({', '.join(users)}); "
-                    "stop them before a forced rebuild"
-                )
-        # Left by a build that was killed: under the lock nobody else can be using them.
-        for stale in root.glob(f".build-{ref}-*"):
-            log(f"removing the leftover of an interrupted build: {stale}")
-            remove_tree(stale)
-        for stale in root.glob(f".old-{ref}-*"):
-            remove_tree(stale)
-
+        if force and final.exists() and (users := users_of(final / ROOTFS)):
+            raise AleIacError(
+                f"image {ref} is in use by running sandboxes ({', '.join(users)}); stop them before a forced rebuild"
+            )
+        _remove_leftovers(root, ref, log)
         work = root / f".build-{ref}-{os.getpid()}"
         work.mkdir()
         failed_log = root / f"{ref}.failed.log"
         log(f"building image {ref} from {recipe}")
-        started = time.monotonic()
         builder = _Builder(name, full_hash, work, lock_fd, log, verbose)
         try:
-            builder.debootstrap()
-            builder.prepare_chroot(recipe)
-            for phase in builder.recipe.get("build", {}).get("phases", []):
-                builder.phase(str(phase))
-            builder.finish_chroot()
-            builder.write_manifest(time.monotonic() - started)
-            if final.exists():
-                old = root / f".old-{ref}-{os.getpid()}"
-                final.rename(old)
-                work.rename(final)
-                remove_tree(old)
-            else:
-                work.rename(final)
+            _run_build(builder, recipe)
+            _replace(final, work, root / f".old-{ref}-{os.getpid()}")
         except BaseException:
             if builder.log_path.exists():
                 shutil.copyfile(builder.log_path, failed_log)

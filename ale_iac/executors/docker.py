@@ -128,6 +128,26 @@ def _private_tmp() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
+async def _create_and_start(run: _Run, tag: str, options: dict[str, Any]) -> None:
+    """Create the container from ``tag`` and start it; its id is in ``run`` as soon as it exists, so cleanup
+    removes it even when the creation is cancelled half-way."""
+    from docker.errors import DockerException
+
+    create = asyncio.ensure_future(asyncio.to_thread(run.client.containers.create, tag, **options))
+    try:
+        try:
+            container = await asyncio.shield(create)
+        except asyncio.CancelledError:
+            # Cancelled while the engine was creating it: it may exist already; cleanup removes it.
+            with contextlib.suppress(Exception):
+                run.container_id = (await create).id
+            raise
+        run.container_id = container.id
+        await asyncio.to_thread(container.start)
+    except DockerException as exc:
+        raise AleIacError(f"cannot start the agent's container from {tag}: {exc}") from None
+
+
 def _in_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     """``fn`` in a thread of its own (not the loop's shared pool, which a long wait would hold)."""
     loop = asyncio.get_running_loop()
@@ -302,7 +322,6 @@ class DockerExecutor(HostWorkDir):
     async def _run_container(
         self, run: _Run, tag: str, bundle_src: Path, bundle_deps: Path, prompt: str, timeout_s: float
     ) -> AgentRunResult:
-        from docker.errors import DockerException
 
         for stale in (RESULT_FILE, DONE_FILE):
             (self.work_dir / stale).unlink(missing_ok=True)
@@ -314,49 +333,9 @@ class DockerExecutor(HostWorkDir):
         (self.work_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
 
         name = f"ale-iac-{home_id()}-{secrets.token_hex(4)}"
-        create = asyncio.ensure_future(
-            asyncio.to_thread(
-                run.client.containers.create,
-                tag,
-                command=[PYTHON, "-m", "ale_iac.executors.entry", f"{WORK}/{SPEC_FILE}"],
-                name=name,
-                labels=self.labels(),
-                environment={
-                    "HOME": HOME,
-                    "PATH": CONTAINER_PATH,
-                    "PYTHONPATH": PYTHONPATH,
-                    "PYTHONDONTWRITEBYTECODE": "1",
-                    "PYTHONUNBUFFERED": "1",
-                    "TMPDIR": "/tmp",
-                },
-                working_dir=WORK,
-                hostname="agent",
-                network_mode="none",
-                userns_mode="host",  # as before ale-iac's engine remapped: it binds host folders 0700
-                mounts=self._mounts(bundle_src, bundle_deps, run.sockdir),
-                tmpfs=TMPFS,
-                read_only=True,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                mem_limit=MEMORY_LIMIT,
-                memswap_limit=MEMORY_LIMIT,
-                pids_limit=PIDS_LIMIT,
-                init=True,
-            )
-        )
+        options = self._container_options(name, bundle_src, bundle_deps, run.sockdir)
         started = time.monotonic()
-        try:
-            try:
-                container = await asyncio.shield(create)
-            except asyncio.CancelledError:
-                # Cancelled while the engine was creating it: it may exist already; cleanup removes it.
-                with contextlib.suppress(Exception):
-                    run.container_id = (await create).id
-                raise
-            run.container_id = container.id
-            await asyncio.to_thread(container.start)
-        except DockerException as exc:
-            raise AleIacError(f"cannot start the agent's container from {tag}: {exc}") from None
+        await _create_and_start(run, tag, options)
         log.info("container %s started in %.2f s", name, time.monotonic() - started)
         deadline = timeout_s + KILL_GRACE_S
         cid = run.container_id
@@ -366,7 +345,41 @@ class DockerExecutor(HostWorkDir):
             code: int | None = await asyncio.wait_for(asyncio.shield(exited), deadline)
         except TimeoutError:
             code = None
-        duration = time.monotonic() - started
+        return await self._outcome(run, code, timeout_s, time.monotonic() - started)
+
+    def _container_options(self, name: str, bundle_src: Path, bundle_deps: Path, sockdir: Path) -> dict[str, Any]:
+        """The agent's container: no network, read-only, every capability dropped, bounded memory and tasks;
+        the deployer bundle, the work folder and the socket folder mounted (``_mounts``)."""
+        return {
+            "command": [PYTHON, "-m", "ale_iac.executors.entry", f"{WORK}/{SPEC_FILE}"],
+            "name": name,
+            "labels": self.labels(),
+            "environment": {
+                "HOME": HOME,
+                "PATH": CONTAINER_PATH,
+                "PYTHONPATH": PYTHONPATH,
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "TMPDIR": "/tmp",
+            },
+            "working_dir": WORK,
+            "hostname": "agent",
+            "network_mode": "none",
+            "userns_mode": "host",  # as before ale-iac's engine remapped: it binds host folders 0700
+            "mounts": self._mounts(bundle_src, bundle_deps, sockdir),
+            "tmpfs": TMPFS,
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "mem_limit": MEMORY_LIMIT,
+            "memswap_limit": MEMORY_LIMIT,
+            "pids_limit": PIDS_LIMIT,
+            "init": True,
+        }
+
+    async def _outcome(self, run: _Run, code: int | None, timeout_s: float, duration: float) -> AgentRunResult:
+        """The run's result: a timeout (the container killed), the result the deployer wrote, or a failure
+        with the tail of the container's log."""
         if code is None:
             await asyncio.to_thread(self._kill, run)
             return AgentRunResult(

@@ -136,24 +136,28 @@ def host_checks() -> list[Check]:
 
 
 def _rootless_checks(release: str) -> list[Check]:
-    checks = [
-        Check(
-            "kernel",
-            kernel_version() >= MIN_KERNEL_ROOTLESS,
-            release,
-            f"Linux {MIN_KERNEL_ROOTLESS[0]}.{MIN_KERNEL_ROOTLESS[1]} or newer (overlayfs in a user namespace; "
-            "older kernels would need fuse-overlayfs, which ale-iac does not drive), or run as root",
-        )
-    ]
+    kernel = Check(
+        "kernel",
+        kernel_version() >= MIN_KERNEL_ROOTLESS,
+        release,
+        f"Linux {MIN_KERNEL_ROOTLESS[0]}.{MIN_KERNEL_ROOTLESS[1]} or newer (overlayfs in a user namespace; "
+        "older kernels would need fuse-overlayfs, which ale-iac does not drive), or run as root",
+    )
+    overlay = _overlay_check()
+    return [kernel, *_userns_checks(), _subids_check(), overlay]
+
+
+def _userns_checks() -> list[Check]:
+    """May this user make user namespaces: the kernel's limit, and the distributions' own switches where set."""
     max_userns = _sysctl("user.max_user_namespaces")
-    checks.append(
+    checks = [
         Check(
             "user namespaces",
             max_userns is not None and max_userns != "0",
             f"user.max_user_namespaces={max_userns}",
             "sysctl -w user.max_user_namespaces=15000",
         )
-    )
+    ]
     clone = _sysctl("kernel.unprivileged_userns_clone")  # Debian's patch (Debian 10 and older kernels)
     if clone is not None:
         checks.append(
@@ -175,33 +179,36 @@ def _rootless_checks(release: str) -> list[Check]:
                 "userns for the venv's python",
             )
         )
+    return checks
+
+
+def _subids_check() -> Check:
+    subids = subordinate_ids()
+    return Check(
+        "subordinate ids",
+        subids is not None,
+        f"uids {subids[0][0]}.., gids {subids[1][0]}.. (newuidmap): ids 0..{SUBID_COUNT} inside"
+        if subids
+        else "none: only uid and gid 0 exist inside (programs that chown to another id fail, e.g. xterm's pty)",
+        "apt-get install -y uidmap, and a range of 65536 ids for your user in /etc/subuid and /etc/subgid "
+        "(usermod --add-subuids/--add-subgids)",
+        required=False,
+    )
+
+
+def _overlay_check() -> Check:
+    """Tried, not inferred: a user namespace of this user's own, a tmpfs and overlayfs in it."""
     scratch = tempfile.mkdtemp(prefix="ale-iac-probe-")
     try:
         failure = linux.probe_rootless_overlay(scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    subids = subordinate_ids()
-    checks.append(
-        Check(
-            "subordinate ids",
-            subids is not None,
-            f"uids {subids[0][0]}.., gids {subids[1][0]}.. (newuidmap): ids 0..{SUBID_COUNT} inside"
-            if subids
-            else "none: only uid and gid 0 exist inside (programs that chown to another id fail, e.g. xterm's pty)",
-            "apt-get install -y uidmap, and a range of 65536 ids for your user in /etc/subuid and /etc/subgid "
-            "(usermod --add-subuids/--add-subgids)",
-            required=False,
-        )
+    return Check(
+        "overlay in a user namespace",
+        failure is None,
+        "a user namespace of your own, a tmpfs and overlayfs in it: works" if failure is None else failure,
+        "allow unprivileged user namespaces (see the checks above), or run as root",
     )
-    checks.append(
-        Check(
-            "overlay in a user namespace",
-            failure is None,
-            "a user namespace of your own, a tmpfs and overlayfs in it: works" if failure is None else failure,
-            "allow unprivileged user namespaces (see the checks above), or run as root",
-        )
-    )
-    return checks
 
 
 @functools.cache

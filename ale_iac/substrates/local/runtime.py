@@ -85,16 +85,32 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     short-lived Pulumi provider process) can exit without taking it along or leaving a zombie.
     On any failure everything started so far is stopped and the state dir removed.
     """
-    from ale_iac.substrates.seccomp import compile_bpf
-
     check_host()
     check_sandbox_id(spec.sandbox_id)
+    _check_rootfs(spec)
+    folder = _make_state_dir(spec, home)
+    message = _launch_supervisor(spec, folder, home, timeout)
+    if not message.get("ok"):
+        error = message.get("error", "the supervisor exited before the sandbox was ready")
+        tails = log_tails(state_from_dir(folder))
+        stop(spec.sandbox_id, home=home)
+        raise SandboxError(f"sandbox {spec.sandbox_id} failed to start: {error}\n{tails}".rstrip())
+    return LocalSandboxState.from_json(message["state"])
+
+
+def _check_rootfs(spec: LocalSandboxSpec) -> None:
     rootfs = Path(spec.rootfs)
     if not rootfs.is_dir():
         raise SandboxError(f"rootfs {rootfs} does not exist; build the image first (ale-iac images build)")
     if not (rootfs / spec.init.lstrip("/")).is_file():
         raise SandboxError(f"rootfs {rootfs} has no init {spec.init}; is it an ale-iac image?")
     check_rootfs_owner(rootfs)
+
+
+def _make_state_dir(spec: LocalSandboxSpec, home: Path | None) -> Path:
+    """The sandbox's state dir (0700, new: an existing one is refused) with its spec, token and seccomp filter."""
+    from ale_iac.substrates.seccomp import compile_bpf
+
     folder = state_dir_of(spec.sandbox_id, home)
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
@@ -110,7 +126,12 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     except BaseException:
         _remove_tree(folder)
         raise
+    return folder
 
+
+def _launch_supervisor(spec: LocalSandboxSpec, folder: Path, home: Path | None, timeout: float) -> dict[str, Any]:
+    """Start the supervisor detached and read what it reports on its ready pipe (the sandbox is stopped if that
+    fails)."""
     read_fd, write_fd = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "CONTAINER_NAME"}
     try:
@@ -136,12 +157,7 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
         stop(spec.sandbox_id, home=home)
         raise
     os.close(read_fd)
-    if not message.get("ok"):
-        error = message.get("error", "the supervisor exited before the sandbox was ready")
-        tails = log_tails(state_from_dir(folder))
-        stop(spec.sandbox_id, home=home)
-        raise SandboxError(f"sandbox {spec.sandbox_id} failed to start: {error}\n{tails}".rstrip())
-    return LocalSandboxState.from_json(message["state"])
+    return message
 
 
 def check_rootfs_owner(rootfs: Path) -> None:
