@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from ale_iac.llm.scripted import ServedRequest
+    from ale_iac.llm.scripted import ScriptedModelServer, ServedRequest
 
 
 def _describe(record: ServedRequest) -> str:
@@ -54,20 +54,12 @@ def model_server(
     wire_api = "responses"), or run a whole experiment against it: `ale-iac evaluate EXP --model-plan PLAN`.
     Prints one line per request; exits 1 if the plan could not be followed.
     """
-    import os
-
-    from ale_iac.errors import AleIacError
     from ale_iac.llm.plan import load_plan
     from ale_iac.llm.scripted import ScriptedModelServer
 
     scripted = load_plan(plan)
-    key = None
-    if api_key is not None:
-        key = os.environ.get(api_key)
-        if not key:
-            raise AleIacError(f"--api-key-env {api_key}: that environment variable is not set")
     server = ScriptedModelServer(
-        scripted, port=port, api_key=key, on_request=lambda r: typer.echo(_describe(r), err=True)
+        scripted, port=port, api_key=_api_key(api_key), on_request=lambda r: typer.echo(_describe(r), err=True)
     )
     if until_stdin_closes:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -85,15 +77,32 @@ def model_server(
             typer.echo("Ctrl-C to stop", err=True)
             with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()
+    _print_totals(server, err=until_stdin_closes)  # with the request lines, in the run's log
+    if server.plan_errors:
+        raise typer.Exit(code=1)
+
+
+def _api_key(variable: str | None) -> str | None:
+    """The key clients must send, read from the environment variable ``--api-key-env`` names (None: any)."""
+    import os
+
+    from ale_iac.errors import AleIacError
+
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise AleIacError(f"--api-key-env {variable}: that environment variable is not set")
+    return key
+
+
+def _print_totals(server: ScriptedModelServer, err: bool) -> None:
     served = server.usage_served()
-    errors = server.plan_errors
     typer.echo(
         f"served {served['requests']} request(s), {served['input_tokens']} input and "
-        f"{served['output_tokens']} output tokens; {len(errors)} plan error(s)",
-        err=until_stdin_closes,  # with the request lines, in the run's log
+        f"{served['output_tokens']} output tokens; {len(server.plan_errors)} plan error(s)",
+        err=err,
     )
-    if errors:
-        raise typer.Exit(code=1)
 
 
 def register(app: typer.Typer) -> None:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -36,6 +36,9 @@ from ale_iac.contract import UnitSpec
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.infra.cloud_common import EXPIRY_FORMAT, use_clock
 from ale_iac.profile import LoadedProfile, resolve_profile, stacks_dir
+
+if TYPE_CHECKING:
+    from ale_iac.infra.mocks import RecordedResource
 
 PLAN_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 """The fixed "deploy time" of a plan. Never a real time: the year 2000 marks derived values."""
@@ -195,7 +198,6 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
 
     from ale_iac.infra.declaration import declare
     from ale_iac.infra.mocks import RecordingMocks, run_program
-    from ale_iac.infra.policy import check_resource
 
     _check_credentials(loaded)
     stack = stack or stack_name(loaded)
@@ -214,10 +216,28 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
         raise PlanError(f"stack {stack}: cannot import {exc.name} to declare its units ({exc})") from None
 
     renderer = _Renderer()
+    resources, violations, by_type = _resources(mocks.resources, renderer)
+    header = _header(loaded, stack, len(specs), len(resources), by_type, violations)
+    body: dict[str, Any] = {
+        "resources": resources,
+        "outputs": {"units": renderer.value(handles or {})},
+    }
+    if renderer.blobs:
+        body["blobs"] = {digest: renderer.blobs[digest] for digest in sorted(renderer.blobs)}
+    text = "\n".join(header) + "\n\n" + _dump(body)
+    return Plan(stack, text, len(resources), len(specs), len(violations))
+
+
+def _resources(
+    recorded: list[RecordedResource], renderer: _Renderer
+) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
+    """Each declared resource as the plan shows it (by name), the policy pack's violations, the count per type."""
+    from ale_iac.infra.policy import check_resource
+
     resources: list[dict[str, Any]] = []
     violations: list[str] = []
     by_type: dict[str, int] = {}
-    for rec in sorted(mocks.resources, key=lambda r: (r.name, r.type)):
+    for rec in sorted(recorded, key=lambda r: (r.name, r.type)):
         by_type[rec.type] = by_type.get(rec.type, 0) + 1
         entry: dict[str, Any] = {"resource": rec.type, "name": rec.name, "parent": rec.parent or "(stack)"}
         if rec.provider:
@@ -228,14 +248,20 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
             entry["inputs"] = renderer.value(rec.inputs)
         resources.append(entry)
         violations += [f"{rec.name}: {v.policy}: {v.message}" for v in check_resource(rec.type, rec.inputs)]
+    return resources, violations, by_type
 
+
+def _header(
+    loaded: LoadedProfile, stack: str, units: int, resources: int, by_type: dict[str, int], violations: list[str]
+) -> list[str]:
+    """The plan's comment lines: what it is (and is not), the counts, the policy pack's verdict."""
     header = [
         f"# ale-iac plan of stack `{stack}` (profile {loaded.profile.name}, {_display_source(loaded.source)})",
         "# Rendered by `ale-iac plan` under Pulumi mocks: no cloud account, no provider plugin, no state.",
         "# It is what the program declares, not a diff against a live stack (that is `pulumi preview --diff`).",
         "# Times are relative to deploy time: <deploy+6h> is six hours after `pulumi up`.",
         "# Instance addresses and ids are placeholders the cloud fills in.",
-        f"# units: {len(specs)}, resources: {len(resources)}",
+        f"# units: {units}, resources: {resources}",
     ]
     header += [f"#   {count:4d} {typ}" for typ, count in sorted(by_type.items())]
     if violations:
@@ -243,14 +269,7 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
         header += [f"#   {v}" for v in violations]
     else:
         header.append("# policy pack: no violations")
-    body: dict[str, Any] = {
-        "resources": resources,
-        "outputs": {"units": renderer.value(handles or {})},
-    }
-    if renderer.blobs:
-        body["blobs"] = {digest: renderer.blobs[digest] for digest in sorted(renderer.blobs)}
-    text = "\n".join(header) + "\n\n" + _dump(body)
-    return Plan(stack, text, len(resources), len(specs), len(violations))
+    return header
 
 
 def render_profile(name_or_path: str, units: int | None = None) -> Plan:

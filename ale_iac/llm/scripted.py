@@ -25,7 +25,7 @@ import asyncio
 import hmac
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -208,43 +208,28 @@ class ScriptedModelServer:
     async def _app(self, scope: serving.Scope, receive: serving.Receive, send: serving.Send) -> None:
         if scope["type"] != "http":
             return
-        method: str = scope["method"]
-        path: str = scope["path"]
-        api = _api_of(path)
-        headers = serving.header_map(scope)
-        seen = ServedRequest(
-            t=utc_now(),
-            api=api,
-            method=method,
-            path=path,
-            status=0,
-            served="",
-            headers=tuple(sorted(headers)),
-            query=scope.get("query_string", b"").decode("latin-1"),
-        )
+        seen = _seen_of(scope)
+        method, path, api = seen.method, seen.path, seen.api
         if method == "HEAD":
             self._record(replace(seen, api=None, status=200, served="head"))
             await serving.send_bytes(send, 200, b"", "text/plain")
             return
         if api is None:
-            self._record(replace(seen, status=404, served="not_found"))
-            await serving.send_json(send, 404, error_body("anthropic", 404, f"no such endpoint: {method} {path}"))
+            await self._refuse(send, seen, "anthropic", 404, "not_found", f"no such endpoint: {method} {path}")
             return
         if method != "POST":
-            self._record(replace(seen, status=405, served="method_not_allowed"))
-            await serving.send_json(send, 405, error_body(api, 405, f"{path} takes POST"), [("allow", "POST")])
+            await self._refuse(send, seen, api, 405, "method_not_allowed", f"{path} takes POST", [("allow", "POST")])
             return
-        auth, present = self._auth(headers)
+        auth, present = self._auth(serving.header_map(scope))
         seen = replace(seen, auth=auth, auth_headers=present)
         if auth in {"absent", "wrong"} and self._api_key is not None:
-            self._record(replace(seen, status=401, served="refused", error=f"credentials {auth}"))
-            await serving.send_json(send, 401, error_body(api, 401, "invalid API key"))
+            await self._refuse(send, replace(seen, error=f"credentials {auth}"), api, 401, "refused", "invalid API key")
             return
         raw = await serving.read_body(receive)
         body = _json_object(raw)
         if body is None or (path == MESSAGES and not isinstance(body.get("messages"), list)):
-            self._record(replace(seen, status=400, served="bad_request", error="body is not a valid request"))
-            await serving.send_json(send, 400, error_body(api, 400, "the body is not a valid JSON request"))
+            seen = replace(seen, error="body is not a valid request")
+            await self._refuse(send, seen, api, 400, "bad_request", "the body is not a valid JSON request")
             return
         model = str(body.get("model") or "scripted-model")
         stream = bool(body.get("stream", False))
@@ -255,22 +240,22 @@ class ScriptedModelServer:
             return
         with self._lock:
             reply = choose_reply(self.plan, api, body, self._failed)
-        self._record(
-            replace(
-                seen,
-                status=reply.status,
-                served=reply.served,
-                offered=offered_tools(api, body).display,
-                script=reply.script,
-                turn=reply.turn,
-                tool=reply.wire_tool,
-                arguments=reply.arguments if reply.kind == "tool" else None,
-                input_tokens=reply.usage.input_tokens,
-                output_tokens=reply.usage.output_tokens,
-                error=reply.plan_error,
-            )
-        )
+        self._record(_answered(seen, api, body, reply))
         await self._answer(api, model, stream, reply, receive, send)
+
+    async def _refuse(
+        self,
+        send: serving.Send,
+        seen: ServedRequest,
+        api: Api,
+        status: int,
+        served: str,
+        message: str,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """Record a request refused before the plan is asked, and answer it with the API's error body."""
+        self._record(replace(seen, status=status, served=served))
+        await serving.send_json(send, status, error_body(api, status, message), headers)
 
     async def _answer(
         self, api: Api, model: str, stream: bool, reply: Reply, receive: serving.Receive, send: serving.Send
@@ -317,6 +302,38 @@ class ScriptedModelServer:
             given.append(token.strip() if scheme.lower() == "bearer" else headers["authorization"])
         ok = all(hmac.compare_digest(value.encode(), expected) for value in given)
         return ("ok" if ok else "wrong"), present
+
+
+def _seen_of(scope: serving.Scope) -> ServedRequest:
+    """What the server records of a request before it reads the body: the method, path, API, header names."""
+    path: str = scope["path"]
+    return ServedRequest(
+        t=utc_now(),
+        api=_api_of(path),
+        method=scope["method"],
+        path=path,
+        status=0,
+        served="",
+        headers=tuple(sorted(serving.header_map(scope))),
+        query=scope.get("query_string", b"").decode("latin-1"),
+    )
+
+
+def _answered(seen: ServedRequest, api: Api, body: dict[str, Any], reply: Reply) -> ServedRequest:
+    """The record of a request the plan answered."""
+    return replace(
+        seen,
+        status=reply.status,
+        served=reply.served,
+        offered=offered_tools(api, body).display,
+        script=reply.script,
+        turn=reply.turn,
+        tool=reply.wire_tool,
+        arguments=reply.arguments if reply.kind == "tool" else None,
+        input_tokens=reply.usage.input_tokens,
+        output_tokens=reply.usage.output_tokens,
+        error=reply.plan_error,
+    )
 
 
 def _api_of(path: str) -> Api | None:

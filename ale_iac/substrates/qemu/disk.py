@@ -113,11 +113,7 @@ def export_qcow2(
     existing = find_export(image_dir)
     if existing is not None:
         return existing
-    if os.geteuid() != 0:
-        raise QemuDiskError("exporting a qcow2 disk needs root (overlay mount, chroot, mkfs); run it as root")
-    for tool, package in (("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs"), ("unshare", "util-linux")):
-        if shutil.which(tool) is None:
-            raise QemuDiskError(f"{tool} is not installed; run: apt-get install -y {package}")
+    _check_export_host()
     digest = export_hash()
     final = image_dir / f"qcow2-{digest}"
     with FileLock(str(image_dir / f".qcow2-{digest}.lock")):
@@ -133,28 +129,18 @@ def export_qcow2(
         log_path = work / "export.log"
         log(f"exporting {image_dir.name} as qcow2 ({final.name})")
         started = time.monotonic()
-        steps: dict[str, float] = {}
         try:
-            script_env = dict(env)
-            script_env["ALE_APT_CONF"] = apt_conf
+            script_env = {**env, "ALE_APT_CONF": apt_conf}
             if ca_bundle is not None:
                 script_env["ALE_CA_BUNDLE"] = str(ca_bundle)
-            argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(EXPORT_SCRIPT)]
-            args = [str(rootfs), str(work / "tree"), str(out), str(GUEST_DIR), str(PROXY_SOURCE), str(DISK_GB)]
-            steps["kernel and ext4"] = _run("kernel and ext4", argv + args, log_path, script_env)
-            log(f"[kernel and ext4] done in {steps['kernel and ext4']:.1f} s")
-            convert = ["qemu-img", "convert", "-O", "qcow2", str(out / "disk.raw"), str(out / DISK)]
-            steps["qcow2"] = _run("qcow2", convert, log_path)
-            (out / "disk.raw").unlink()
-            _remove(work / "tree")
-            kernel = _kernel_version(log_path)
+            steps = _export_steps(rootfs, work, script_env, log_path, log)
             manifest = {
                 "export_hash": digest,
                 "image": image_dir.name,
                 "built_at": utc_now("seconds"),
                 "export_seconds": round(time.monotonic() - started, 1),
                 "steps": steps,
-                "kernel": kernel,
+                "kernel": _kernel_version(log_path),
                 "disk_bytes": (out / DISK).stat().st_size,
                 "disk_gb": DISK_GB,
             }
@@ -167,6 +153,30 @@ def export_qcow2(
             _remove(work)
     log(f"qcow2 export {final} made in {time.monotonic() - started:.1f} s")
     return QemuDisk(final, digest)
+
+
+def _check_export_host() -> None:
+    if os.geteuid() != 0:
+        raise QemuDiskError("exporting a qcow2 disk needs root (overlay mount, chroot, mkfs); run it as root")
+    for tool, package in (("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            raise QemuDiskError(f"{tool} is not installed; run: apt-get install -y {package}")
+
+
+def _export_steps(rootfs: Path, work: Path, script_env: dict[str, str], log_path: Path, log: LogFn) -> dict[str, float]:
+    """The export's steps in ``work``: the guest's kernel and its ext4 disk (the export script, in a private mount
+    namespace), then the disk converted to ``out/disk.qcow2``; returns each step's seconds."""
+    out = work / "out"
+    steps: dict[str, float] = {}
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(EXPORT_SCRIPT)]
+    args = [str(rootfs), str(work / "tree"), str(out), str(GUEST_DIR), str(PROXY_SOURCE), str(DISK_GB)]
+    steps["kernel and ext4"] = _run("kernel and ext4", argv + args, log_path, script_env)
+    log(f"[kernel and ext4] done in {steps['kernel and ext4']:.1f} s")
+    convert = ["qemu-img", "convert", "-O", "qcow2", str(out / "disk.raw"), str(out / DISK)]
+    steps["qcow2"] = _run("qcow2", convert, log_path)
+    (out / "disk.raw").unlink()
+    _remove(work / "tree")
+    return steps
 
 
 def _kernel_version(log_path: Path) -> str | None:
