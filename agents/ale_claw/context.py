@@ -163,45 +163,37 @@ def _estimate(turns: list[ViewTurn], fixed_chars: int) -> int:
     return chars // CHARS_PER_TOKEN + images
 
 
-def render(history: list[Turn], policy: Policy, fixed_chars: int = 0) -> tuple[list[ViewTurn], ViewStats]:
-    """The view of ``history`` the model gets (``fixed_chars``: system prompt and tool specs)."""
-    tool_turns = [i for i, t in enumerate(history) if t.role == "tool"]
-    recent = set(tool_turns[-policy.recent_turns :]) if policy.recent_turns > 0 else set()
-    # screenshots, newest first
-    shots_order = [s for t in reversed(history) for r in reversed(t.results) for s in reversed(r.shots)]
-    full = {id(s) for s in shots_order[: policy.keep_screenshots]}
-    small_ids = {
-        id(s) for s in shots_order[policy.keep_screenshots : policy.keep_screenshots + policy.downscale_screenshots]
-    }
-    counts = {"full": 0, "small": 0, "dropped": 0, "truncated": 0}
-    view: list[ViewTurn] = []
-    for index, turn in enumerate(history):
-        results = []
-        for result in turn.results:
-            images: list[Image] = []
-            notes: list[str] = []
-            for shot in result.shots:
-                small = downscale(shot) if id(shot) in small_ids else None
-                if id(shot) in full:
-                    images.append(Image(shot.data, shot.media_type))
-                    counts["full"] += 1
-                elif small is not None:
-                    images.append(Image(small, "image/png"))
-                    counts["small"] += 1
-                else:
-                    notes.append(f"[old screenshot dropped from the context; saved as {shot.path}]")
-                    counts["dropped"] += 1
-            text = result.text
-            if index not in recent and turn.role == "tool" and len(text) > policy.old_output_chars:
-                text = _cut(text, policy.old_output_chars)
-                counts["truncated"] += 1
-            text = "\n".join([text, *notes]) if notes else text
-            results.append(ViewResult(result.call_id, result.name, text, result.is_error, tuple(images)))
-        view.append(ViewTurn(turn.role, turn.text, tuple(turn.calls), tuple(results), turn.raw))
-    budget = int((policy.context_limit_tokens - policy.max_tokens) * policy.budget_fraction)
+def _view_result(
+    result: Result, full: set[int], small_ids: set[int], cut: bool, policy: Policy, counts: dict[str, int]
+) -> ViewResult:
+    """One tool result as the model sees it: each screenshot whole, downscaled or dropped (a note says where
+    it is saved), an old output cut to ``policy.old_output_chars``; ``counts`` tallies what was done."""
+    images: list[Image] = []
+    notes: list[str] = []
+    for shot in result.shots:
+        small = downscale(shot) if id(shot) in small_ids else None
+        if id(shot) in full:
+            images.append(Image(shot.data, shot.media_type))
+            counts["full"] += 1
+        elif small is not None:
+            images.append(Image(small, "image/png"))
+            counts["small"] += 1
+        else:
+            notes.append(f"[old screenshot dropped from the context; saved as {shot.path}]")
+            counts["dropped"] += 1
+    text = result.text
+    if cut and len(text) > policy.old_output_chars:
+        text = _cut(text, policy.old_output_chars)
+        counts["truncated"] += 1
+    text = "\n".join([text, *notes]) if notes else text
+    return ViewResult(result.call_id, result.name, text, result.is_error, tuple(images))
+
+
+def _elide(view: list[ViewTurn], budget: int, fixed_chars: int) -> tuple[int, int]:
+    """Elide turns of ``view`` in place, oldest first, until it fits ``budget``: never the first user turn (the
+    task) nor the latest two turns. Returns the estimate after, and how many turns were elided."""
     elided = 0
     estimate = _estimate(view, fixed_chars)
-    # Elide oldest first, never the first user turn (the task) nor the latest two turns.
     for index in range(1, max(1, len(view) - 2)):
         if estimate <= budget:
             break
@@ -217,6 +209,27 @@ def render(history: list[Turn], policy: Policy, fixed_chars: int = 0) -> tuple[l
             view[index] = shrunk
             elided += 1
             estimate = _estimate(view, fixed_chars)
+    return estimate, elided
+
+
+def render(history: list[Turn], policy: Policy, fixed_chars: int = 0) -> tuple[list[ViewTurn], ViewStats]:
+    """The view of ``history`` the model gets (``fixed_chars``: system prompt and tool specs)."""
+    tool_turns = [i for i, t in enumerate(history) if t.role == "tool"]
+    recent = set(tool_turns[-policy.recent_turns :]) if policy.recent_turns > 0 else set()
+    # screenshots, newest first
+    shots_order = [s for t in reversed(history) for r in reversed(t.results) for s in reversed(r.shots)]
+    full = {id(s) for s in shots_order[: policy.keep_screenshots]}
+    small_ids = {
+        id(s) for s in shots_order[policy.keep_screenshots : policy.keep_screenshots + policy.downscale_screenshots]
+    }
+    counts = {"full": 0, "small": 0, "dropped": 0, "truncated": 0}
+    view: list[ViewTurn] = []
+    for index, turn in enumerate(history):
+        cut = index not in recent and turn.role == "tool"
+        results = [_view_result(result, full, small_ids, cut, policy, counts) for result in turn.results]
+        view.append(ViewTurn(turn.role, turn.text, tuple(turn.calls), tuple(results), turn.raw))
+    budget = int((policy.context_limit_tokens - policy.max_tokens) * policy.budget_fraction)
+    estimate, elided = _elide(view, budget, fixed_chars)
     if estimate > budget:
         raise ContextFullError(
             f"the conversation needs about {estimate} tokens even with old turns elided; the budget is {budget} "

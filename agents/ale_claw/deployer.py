@@ -152,7 +152,6 @@ class AleClawDeployer(BaseAgentDeployer):
         access = self.executor.model_access()
         self._model_name = access.model
         system = s.system_prompt or SYSTEM_PROMPT.format(task=self._task_note())
-        specs = tools.Toolbox.specs()
         self._record(
             "start",
             session_id=self._session_id,
@@ -160,7 +159,9 @@ class AleClawDeployer(BaseAgentDeployer):
             system=system,
             api=access.api,
             model=access.model,
-            tools=[{"name": t.name, "description": t.description, "parameters": t.schema} for t in specs],
+            tools=[
+                {"name": t.name, "description": t.description, "parameters": t.schema} for t in tools.Toolbox.specs()
+            ],
             raw_log=RAW_LOG,
         )
         self._flush()
@@ -175,40 +176,7 @@ class AleClawDeployer(BaseAgentDeployer):
         try:
             try:
                 await _start_all(held)
-                caller = tools.BridgeCaller(held, s.call_timeout_s, bridges.BridgeDiedError)
-                toolbox = tools.Toolbox(
-                    caller,
-                    page_chars=s.page_chars,
-                    exec_timeout_s=s.exec_timeout_s,
-                    max_exec_timeout_s=s.max_exec_timeout_s,
-                    read_lines=s.read_lines,
-                    generation=lambda kind: held[kind].generation,
-                )
-                runner = loop.Loop(
-                    adapter=adapter,
-                    toolbox=toolbox,
-                    policy=context.Policy(
-                        context_limit_tokens=s.context_limit_tokens,
-                        max_tokens=s.max_tokens,
-                        budget_fraction=s.budget_fraction,
-                        keep_screenshots=s.keep_screenshots,
-                        downscale_screenshots=s.downscale_screenshots,
-                        recent_turns=s.recent_turns,
-                        old_output_chars=s.old_output_chars,
-                    ),
-                    limits=loop.Limits(
-                        max_steps=s.max_steps,
-                        max_wall_s=s.max_wall_s,
-                        max_tokens=s.max_tokens,
-                        model_retries=s.model_retries,
-                        retry_base_s=s.retry_base_s,
-                        retry_max_s=s.retry_max_s,
-                    ),
-                    system=system,
-                    record=self._record,
-                    save_shot=self._save_shot,
-                    flush=self._flush,
-                )
+                runner = self._loop(held, adapter, system)
                 status, error, answer = await runner.run(prompt)
             except bridges.BridgeStartError as exc:
                 status, error = "failed", str(exc)
@@ -217,11 +185,7 @@ class AleClawDeployer(BaseAgentDeployer):
             finally:
                 await adapter.close()
                 restarts = {kind: b.restarts for kind, b in held.items()}
-                for kind, bridge in held.items():
-                    log = await bridge.close()
-                    if log.strip():
-                        self.executor.write_text(f"{STATE}/bridge-{kind}.log", log)
-                        logs.append(f"{STATE}/bridge-{kind}.log")
+                logs += await self._close_bridges(held)
         except BaseException as exc:  # cancelled by the runner's timeout: record it, re-raise
             self._record("end", status="cancelled", error=bridges.describe(exc))
             self._flush()
@@ -229,6 +193,54 @@ class AleClawDeployer(BaseAgentDeployer):
         self._record("end", status=status, error=error, answer=answer, bridge_restarts=restarts)
         self._flush()
         return AgentRunResult(status=status, error=error, duration_s=time.monotonic() - started, logs=logs)
+
+    def _loop(self, held: dict[BridgeKind, bridges.Bridge], adapter: models.Adapter, system: str) -> loop.Loop:
+        """The agent loop over the bridges, with the preset's context policy and limits."""
+        s = self.settings
+        caller = tools.BridgeCaller(held, s.call_timeout_s, bridges.BridgeDiedError)
+        toolbox = tools.Toolbox(
+            caller,
+            page_chars=s.page_chars,
+            exec_timeout_s=s.exec_timeout_s,
+            max_exec_timeout_s=s.max_exec_timeout_s,
+            read_lines=s.read_lines,
+            generation=lambda kind: held[kind].generation,
+        )
+        return loop.Loop(
+            adapter=adapter,
+            toolbox=toolbox,
+            policy=context.Policy(
+                context_limit_tokens=s.context_limit_tokens,
+                max_tokens=s.max_tokens,
+                budget_fraction=s.budget_fraction,
+                keep_screenshots=s.keep_screenshots,
+                downscale_screenshots=s.downscale_screenshots,
+                recent_turns=s.recent_turns,
+                old_output_chars=s.old_output_chars,
+            ),
+            limits=loop.Limits(
+                max_steps=s.max_steps,
+                max_wall_s=s.max_wall_s,
+                max_tokens=s.max_tokens,
+                model_retries=s.model_retries,
+                retry_base_s=s.retry_base_s,
+                retry_max_s=s.retry_max_s,
+            ),
+            system=system,
+            record=self._record,
+            save_shot=self._save_shot,
+            flush=self._flush,
+        )
+
+    async def _close_bridges(self, held: dict[BridgeKind, bridges.Bridge]) -> list[str]:
+        """Close every bridge; the logs of those that wrote one, saved in the work dir."""
+        logs = []
+        for kind, bridge in held.items():
+            log = await bridge.close()
+            if log.strip():
+                self.executor.write_text(f"{STATE}/bridge-{kind}.log", log)
+                logs.append(f"{STATE}/bridge-{kind}.log")
+        return logs
 
     def _task_note(self) -> str:
         task = self.executor.task
