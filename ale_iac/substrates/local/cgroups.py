@@ -213,30 +213,14 @@ class SandboxCgroups:
     # --- v2 ----------------------------------------------------------------------------------
 
     def _apply_v2(self, limits: Limits) -> None:
-        wanted: dict[str, tuple[str, str, dict[str, str]]] = {}
-        if limits.memory_gb is not None:
-            memory = str(int(limits.memory_gb * 2**30))
-            wanted["memory"] = ("memory_gb", str(limits.memory_gb), {"memory.max": memory, "memory.swap.max": "0"})
-        if limits.pids_max is not None:
-            wanted["pids"] = ("pids_limit", str(limits.pids_max), {"pids.max": str(limits.pids_max)})
-        if limits.cpus is not None:
-            wanted["cpu"] = ("vcpus", str(limits.cpus), {"cpu.max": f"{limits.cpus * CPU_PERIOD_US} {CPU_PERIOD_US}"})
+        wanted = _wanted_v2(limits)
         if not wanted:
             return
         parent, why = v2_parent(self.root, self.own.get("", "/"), os.environ.get(PARENT_ENV))
         if parent is None:
             self.records.extend(LimitRecord(n, r, False, f"cgroup v2: {why}") for n, r, _ in wanted.values())
             return
-        refused: dict[str, str] = {}
-        for controller in sorted(set(wanted) - _enabled(parent)):
-            if controller not in _available(parent):
-                refused[controller] = f"the {controller} controller is not available in {parent} (cgroup.controllers)"
-                continue
-            try:
-                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
-            except OSError as exc:
-                refused[controller] = f"cannot enable {controller} in {parent}/cgroup.subtree_control ({exc.strerror})"
-        for controller, reason in refused.items():
+        for controller, reason in _enable_controllers(parent, set(wanted)).items():
             name, requested, _ = wanted.pop(controller)
             self.records.append(LimitRecord(name, requested, False, f"cgroup v2: {reason}"))
         folder = parent / self.name
@@ -248,18 +232,7 @@ class SandboxCgroups:
             return
         self.paths.append(folder)
         for name, requested, settings in wanted.values():
-            written: list[str] = []
-            try:
-                for key, value in settings.items():
-                    if key == "memory.swap.max" and not (folder / key).exists():
-                        written.append("no swap accounting here (memory.swap.max absent): swap is not counted")
-                        continue
-                    (folder / key).write_text(value)
-                    written.append(f"{key}={value}")
-            except OSError as exc:
-                self.records.append(LimitRecord(name, requested, False, f"cgroup v2 {key}: {exc.strerror}"))
-            else:
-                self.records.append(LimitRecord(name, requested, True, f"cgroup v2: {', '.join(written)} in {folder}"))
+            self.records.append(_write_v2(folder, name, requested, settings))
 
     # --- membership ----------------------------------------------------------------------------
 
@@ -267,6 +240,48 @@ class SandboxCgroups:
         """Move ``pid`` (default: the caller) into every cgroup of the sandbox."""
         for folder in self.paths:
             (folder / "cgroup.procs").write_text(str(pid if pid is not None else os.getpid()))
+
+
+def _wanted_v2(limits: Limits) -> dict[str, tuple[str, str, dict[str, str]]]:
+    """Per cgroup v2 controller: the limit's name, its requested value, the files to write."""
+    wanted: dict[str, tuple[str, str, dict[str, str]]] = {}
+    if limits.memory_gb is not None:
+        memory = str(int(limits.memory_gb * 2**30))
+        wanted["memory"] = ("memory_gb", str(limits.memory_gb), {"memory.max": memory, "memory.swap.max": "0"})
+    if limits.pids_max is not None:
+        wanted["pids"] = ("pids_limit", str(limits.pids_max), {"pids.max": str(limits.pids_max)})
+    if limits.cpus is not None:
+        wanted["cpu"] = ("vcpus", str(limits.cpus), {"cpu.max": f"{limits.cpus * CPU_PERIOD_US} {CPU_PERIOD_US}"})
+    return wanted
+
+
+def _enable_controllers(parent: Path, controllers: set[str]) -> dict[str, str]:
+    """Enable ``controllers`` for ``parent``'s children where they are not yet; those that cannot be, with why."""
+    refused: dict[str, str] = {}
+    for controller in sorted(controllers - _enabled(parent)):
+        if controller not in _available(parent):
+            refused[controller] = f"the {controller} controller is not available in {parent} (cgroup.controllers)"
+            continue
+        try:
+            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+        except OSError as exc:
+            refused[controller] = f"cannot enable {controller} in {parent}/cgroup.subtree_control ({exc.strerror})"
+    return refused
+
+
+def _write_v2(folder: Path, name: str, requested: str, settings: dict[str, str]) -> LimitRecord:
+    """Write one limit's files in the sandbox's cgroup; the record says what was applied (or the error)."""
+    written: list[str] = []
+    try:
+        for key, value in settings.items():
+            if key == "memory.swap.max" and not (folder / key).exists():
+                written.append("no swap accounting here (memory.swap.max absent): swap is not counted")
+                continue
+            (folder / key).write_text(value)
+            written.append(f"{key}={value}")
+    except OSError as exc:
+        return LimitRecord(name, requested, False, f"cgroup v2 {key}: {exc.strerror}")
+    return LimitRecord(name, requested, True, f"cgroup v2: {', '.join(written)} in {folder}")
 
 
 def nproc_fallback(record: LimitRecord | None, pids_max: int) -> LimitRecord | None:
