@@ -75,8 +75,8 @@ _.slirp_exit_w  # unused attribute (ale_iac/substrates/local/supervisor.py:137)
 _.slirp_exit_w  # unused attribute (ale_iac/substrates/local/supervisor.py:429)
 
 # the parameters of __aexit__
-exc_type  # unused variable (ale_iac/sandbox/client.py:242)
-tb  # unused variable (ale_iac/sandbox/client.py:242)
+exc_type  # unused variable (ale_iac/sandbox/connection.py:73)
+tb  # unused variable (ale_iac/sandbox/connection.py:73)
 
 
 # ale-iac report: read by its jinja2 templates (ale_iac/report/templates/), which vulture cannot see

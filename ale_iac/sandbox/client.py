@@ -1,15 +1,6 @@
-"""Async client for the Cua computer-server that runs in every sandbox.
-
-Protocol (cua-computer-server 0.3.x): ``POST /cmd`` with ``{"command", "params"}``; the
-reply is HTTP 200 with exactly one ``data: {json}`` line, ``{"success": true, ...}`` or
-``{"success": false, "error"}``; an unknown command or a bad body is HTTP 400 ``{"detail"}``. PTY sessions
-use the ``/pty`` routes. Everything here is strict: a failure reply, an HTTP error or a reply without the
-``data: `` prefix raises :class:`ComputerServerError` with one line naming the endpoint, the command and the
-server's message.
-
-Retries: only idempotent reads are retried on a transport error. A command whose request may have reached the
-server is never retried (running ``rm`` or ``type_text`` twice is worse than failing once); a connection that
-could not be opened at all is retried for every command, since nothing was sent.
+"""Async client for the Cua computer-server that runs in every sandbox: its commands (shell, files, clipboard,
+screen, mouse, keyboard; PTY sessions from ``pty.PtyClient``) over one connection (``connection.ServerConnection``:
+the protocol, its strict replies and when a command is retried).
 """
 
 from __future__ import annotations
@@ -17,28 +8,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import itertools
-import json
 import math
-import re
-import shlex
-from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal
 
-import httpx
-
-from ale_iac.contract import ENDPOINT_TOKEN_ENV
 from ale_iac.sandbox.keys import normalize_key, normalize_keys
 from ale_iac.sandbox.protocol import (
     CommandResult,
     ComputerServerError,
-    PtyOutput,
-    ServerUnreachableError,
-    ServerVersion,
-    UnsupportedServerError,
 )
-from ale_iac.sandbox.pty import PtySession
+from ale_iac.sandbox.pty import PtyClient
 
 MouseButton = Literal["left", "right", "middle"]
 ScrollDirection = Literal["up", "down", "left", "right"]
@@ -46,37 +25,11 @@ ScrollDirection = Literal["up", "down", "left", "right"]
 BUTTONS: Final = ("left", "right", "middle")
 DIRECTIONS: Final = ("up", "down", "left", "right")
 
-_SUPPORTED_PACKAGE = re.compile(r"^0\.3\.\d+$")
-_SUPPORTED_PROTOCOL: Final = 1
 
-DEFAULT_TIMEOUT_S: Final = 30.0
-"""HTTP timeout of one ``/cmd`` call that is not a shell command."""
 COMMAND_HEADROOM_S: Final = 30.0
 """Added to a shell command's own timeout to get the HTTP timeout: the server kills the command first."""
 FILE_CHUNK_BYTES: Final = 512 * 1024
 """Binary reads and writes move in pieces of this size (one ``/cmd`` each, base64 in JSON)."""
-PTY_BUFFER_BYTES: Final = 2_000_000
-"""PTY output kept per session between reads; the oldest output is dropped beyond it (and counted)."""
-PTY_READ_BYTES: Final = 1_000_000
-"""Default cap of one :meth:`ComputerServerClient.pty_read`; the rest stays buffered for the next read."""
-PTY_SETTLE_MS: Final = 50
-"""A PTY read that got output returns once the output has paused this long."""
-_READ_RETRIES: Final = 3
-_RETRY_BACKOFF_S: Final = (0.1, 0.4)
-
-
-# The server runs a PTY command as ``/bin/sh -c COMMAND`` in a new session, and its output stream does not
-# replay what was written before a subscriber attached. So on POSIX servers the command starts behind a
-# gate: the shell first reads one line from the terminal; we subscribe, then send EOF (^D), which a
-# canonical-mode tty delivers without echoing it, and the shell execs the real command. Nothing the command
-# writes can be missed, and the pid stays the same. The gate also reopens the terminal by name so that it
-# becomes the session's controlling terminal (the server's setsid leaves it without one): job control works
-# and ^C, ^Z and ^\ sent with pty_write signal the foreground process, as in a real terminal.
-_PTY_GATE = (
-    '_ale_tty=$(tty 2>/dev/null) && [ -c "$_ale_tty" ] && exec 0<>"$_ale_tty" 1>&0 2>&0; '
-    "read -r _ale_gate; exec /bin/sh -c {command}"
-)
-_PTY_RELEASE = b"\x04"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -84,187 +37,12 @@ _PTY_RELEASE = b"\x04"
 # ----------------------------------------------------------------------------------------------------
 
 
-class ComputerServerClient:
+class ComputerServerClient(PtyClient):
     """One computer-server endpoint, over a keep-alive ``httpx.AsyncClient``.
 
     Use ``async with ComputerServerClient(url) as c:`` or call :meth:`aclose`. Safe for concurrent use
     from one event loop. Bad arguments raise ``ValueError`` before anything is sent.
     """
-
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        connect_timeout: float = 5.0,
-        token: str | None = None,
-        trust_env: bool = False,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        """``token``: the bearer token the endpoint requires (sandboxes ale-iac starts have one)."""
-        if not endpoint.startswith(("http://", "https://")):
-            raise ValueError(f"computer-server endpoint must be an http(s) URL, got {endpoint!r}")
-        self.endpoint = endpoint.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = timeout
-        self._connect_timeout = connect_timeout
-        # uvicorn closes idle keep-alive connections after 5 s; expiring ours first avoids reusing a
-        # socket the server is closing, which would fail a non-idempotent command it never received.
-        self._http = httpx.AsyncClient(
-            base_url=self.endpoint,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_keepalive_connections=8, keepalive_expiry=4.0),
-            trust_env=trust_env,  # sandboxes sit on loopback or allow-listed addresses: never through a proxy
-            transport=transport,
-            headers=headers,
-        )
-        self._ptys: dict[int, PtySession] = {}
-        self._os_type: str | None = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Stop PTY stream readers (the PTYs themselves keep running on the server) and close connections."""
-        tasks = [s.task for s in self._ptys.values() if s.task is not None]
-        self._ptys.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._http.aclose()
-
-    # -- transport -------------------------------------------------------------------------------------------
-
-    def _timeout_for(self, read: float | None) -> httpx.Timeout:
-        return httpx.Timeout(self._timeout, connect=self._connect_timeout, read=read)
-
-    async def _send(
-        self,
-        command: str,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        idempotent: bool,
-        timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
-        # A connection that could not be opened sent nothing, so that case is retried for any command.
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._http.request(
-                    method,
-                    path,
-                    json=body,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TransportError as exc:
-                retryable = idempotent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if not retryable or attempt >= _READ_RETRIES:
-                    raise ServerUnreachableError(self.endpoint, command, _describe(exc)) from exc
-            await asyncio.sleep(_RETRY_BACKOFF_S[min(attempt - 1, len(_RETRY_BACKOFF_S) - 1)])
-
-    async def _request(
-        self,
-        command: str,
-        params: dict[str, Any] | None = None,
-        *,
-        idempotent: bool = False,
-        read_timeout: float | Literal["default"] | None = "default",
-    ) -> dict[str, Any]:
-        """Send one ``/cmd`` and return its JSON payload, ``success`` included (false is not raised here)."""
-        timeout = None if read_timeout == "default" else self._timeout_for(read_timeout)
-        response = await self._send(
-            command,
-            "POST",
-            "/cmd",
-            body={"command": command, "params": params or {}},
-            idempotent=idempotent,
-            timeout=timeout,
-        )
-        if response.status_code != 200:
-            raise ComputerServerError(self.endpoint, command, _http_error(response))
-        text = response.text.lstrip("\ufeff")
-        if not text.startswith("data: "):
-            raise ComputerServerError(self.endpoint, command, f"reply is not a 'data: ' line: {text[:120]!r}")
-        line = text[len("data: ") :].split("\n", 1)[0]
-        try:
-            payload = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ComputerServerError(self.endpoint, command, f"reply is not JSON: {exc}") from exc
-        if not isinstance(payload, dict) or "success" not in payload:
-            raise ComputerServerError(self.endpoint, command, f"reply has no 'success' field: {line[:120]!r}")
-        return payload
-
-    async def _cmd(
-        self,
-        command: str,
-        params: dict[str, Any] | None = None,
-        *,
-        idempotent: bool = False,
-        read_timeout: float | Literal["default"] | None = "default",
-    ) -> dict[str, Any]:
-        """Send one ``/cmd``; raise :class:`ComputerServerError` unless it succeeded."""
-        payload = await self._request(command, params, idempotent=idempotent, read_timeout=read_timeout)
-        if payload.get("success") is not True:
-            message = payload.get("error") or payload.get("message") or "the server reported failure without a message"
-            raise ComputerServerError(self.endpoint, command, str(message))
-        return payload
-
-    def _field(self, command: str, payload: dict[str, Any], key: str) -> Any:
-        if key not in payload:
-            raise ComputerServerError(self.endpoint, command, f"reply has no {key!r} field")
-        return payload[key]
-
-    # -- server ----------------------------------------------------------------------------------------------
-
-    async def status(self) -> dict[str, Any]:
-        """``GET /status``: ``{"status": "ok", "os_type": ..., "features": [...]}``."""
-        response = await self._send("status", "GET", "/status", idempotent=True)
-        if response.status_code != 200:
-            raise ComputerServerError(self.endpoint, "status", _http_error(response))
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise ComputerServerError(self.endpoint, "status", f"reply is not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ComputerServerError(self.endpoint, "status", f"reply is not an object: {data!r}")
-        if isinstance(data.get("os_type"), str):
-            self._os_type = data["os_type"]
-        return data
-
-    async def version(self) -> ServerVersion:
-        payload = await self._cmd("version", idempotent=True)
-        try:
-            return ServerVersion(package=str(payload["package"]), protocol=int(payload["protocol"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ComputerServerError(self.endpoint, "version", f"malformed version reply: {payload!r}") from exc
-
-    async def check_version(self) -> ServerVersion:
-        """Return the server's version, or raise :class:`UnsupportedServerError` for one we do not support.
-
-        0.1.x is refused on purpose: it has no ``run_command`` timeout, no PTY routes and no
-        ``scroll_direction``, which the bridges' contract needs.
-        """
-        version = await self.version()
-        if version.protocol != _SUPPORTED_PROTOCOL or not _SUPPORTED_PACKAGE.match(version.package):
-            reason = ""
-            if version.package.startswith("0.1."):
-                reason = "0.1.x has no command timeouts, PTY sessions or directional scroll"
-            raise UnsupportedServerError(self.endpoint, version, reason)
-        return version
-
-    async def os_type(self) -> str:
-        """The server's OS (``linux``, ``windows``, ``darwin``), from ``/status``, fetched once."""
-        if self._os_type is None:
-            await self.status()
-        return self._os_type or "linux"
 
     # -- shell -----------------------------------------------------------------------------------------------
 
@@ -516,202 +294,10 @@ class ComputerServerClient:
         """Type into the focused window (the server sends synthetic key events to it)."""
         await self._cmd("type_text", {"text": text})
 
-    # -- PTY sessions ----------------------------------------------------------------------------------------
-
-    async def pty_start(
-        self,
-        command: str = "bash",
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        cols: int = 80,
-        rows: int = 24,
-    ) -> int:
-        """Start ``command`` in a new PTY and return its pid; its output is buffered from the first byte."""
-        if cols < 1 or rows < 1:
-            raise ValueError(f"cols and rows must be >= 1, got {cols}x{rows}")
-        gated = await self.os_type() != "windows"
-        body: dict[str, Any] = {
-            "command": _PTY_GATE.format(command=shlex.quote(command)) if gated else command,
-            "cols": cols,
-            "rows": rows,
-        }
-        if cwd is not None:
-            body["cwd"] = cwd
-        if env:
-            body["envs"] = dict(env)
-        response = await self._send("pty_start", "POST", "/pty", body=body, idempotent=False)
-        info = self._json_reply("pty_start", response)
-        try:
-            pid = int(info["pid"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ComputerServerError(self.endpoint, "pty_start", f"malformed reply: {info!r}") from exc
-        session = PtySession(pid, PTY_BUFFER_BYTES)
-        subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        session.task = asyncio.create_task(self._pty_pump(session, subscribed), name=f"pty-stream-{pid}")
-        self._ptys[pid] = session
-        try:
-            await subscribed
-            if gated:
-                await self._pty_stdin("pty_start", pid, _PTY_RELEASE)
-        except BaseException:
-            await self._forget_pty(pid)
-            with contextlib.suppress(Exception):
-                await self._send("pty_kill", "DELETE", f"/pty/{pid}", idempotent=False)
-            raise
-        return pid
-
-    async def _pty_pump(self, session: PtySession, subscribed: asyncio.Future[None]) -> None:
-        """Copy ``/pty/{pid}/stream`` events into the session buffer until the exit event."""
-        error: str | None = "stream ended without an exit event"
-        try:
-            async with self._http.stream("GET", f"/pty/{session.pid}/stream", timeout=self._timeout_for(None)) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    raise ComputerServerError(self.endpoint, "pty_stream", _http_error(r))
-                subscribed.set_result(None)
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    event = json.loads(line[len("data:") :].strip())
-                    if event.get("type") == "output":
-                        session.push(base64.b64decode(event.get("data", "")))
-                    elif event.get("type") == "exit":
-                        code = event.get("code")
-                        session.finish(int(code) if code is not None else None)
-                        error = None
-                        return
-        except asyncio.CancelledError:
-            error = "stream closed"
-            raise
-        except Exception as exc:
-            error = _describe(exc)
-            if not subscribed.done():
-                wrapped = (
-                    exc
-                    if isinstance(exc, ComputerServerError)
-                    else ServerUnreachableError(self.endpoint, "pty_stream", error)
-                )
-                subscribed.set_exception(wrapped)
-        finally:
-            if not subscribed.done():
-                subscribed.set_exception(ComputerServerError(self.endpoint, "pty_stream", error or "no stream"))
-            if error is not None:
-                session.finish(None)
-
-    def _session(self, command: str, pid: int) -> PtySession:
-        session = self._ptys.get(pid)
-        if session is None:
-            raise ComputerServerError(self.endpoint, command, f"no PTY session with pid {pid}")
-        return session
-
-    def pty_sessions(self) -> list[int]:
-        """Pids of the PTY sessions this client started and has not killed."""
-        return list(self._ptys)
-
-    async def _pty_stdin(self, command: str, pid: int, data: bytes) -> None:
-        body = {"data": base64.b64encode(data).decode("ascii")}
-        response = await self._send(command, "POST", f"/pty/{pid}/stdin", body=body, idempotent=False)
-        self._json_reply(command, response)
-
-    async def pty_write(self, pid: int, data: bytes) -> None:
-        """Send raw bytes (control characters included) to the PTY's input."""
-        self._session("pty_write", pid)
-        await self._pty_stdin("pty_write", pid, data)
-
-    async def pty_read(
-        self, pid: int, timeout_ms: int = 2000, max_bytes: int = PTY_READ_BYTES, settle_ms: int = PTY_SETTLE_MS
-    ) -> PtyOutput:
-        """Output buffered since the last read.
-
-        If there is none, wait up to ``timeout_ms`` for some (or for the exit). Once output flows, keep
-        collecting until it pauses for ``settle_ms`` (a command's echo and its result usually arrive a few
-        milliseconds apart), the process exits, ``max_bytes`` are buffered, or ``timeout_ms`` is up.
-        """
-        if timeout_ms < 0:
-            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
-        session = self._session("pty_read", pid)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        while not session.exited and session.size < max_bytes:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            if session.chunks:
-                if settle_ms <= 0:
-                    break
-                remaining = min(remaining, settle_ms / 1000)
-            session.changed.clear()
-            try:
-                await asyncio.wait_for(session.changed.wait(), remaining)
-            except TimeoutError:
-                if session.chunks:
-                    break
-        data, dropped = session.drain(max_bytes)
-        exited = session.exited and not session.chunks
-        return PtyOutput(data=data, exited=exited, exit_code=session.exit_code if exited else None, dropped=dropped)
-
-    async def pty_resize(self, pid: int, cols: int, rows: int) -> None:
-        if cols < 1 or rows < 1:
-            raise ValueError(f"cols and rows must be >= 1, got {cols}x{rows}")
-        self._session("pty_resize", pid)
-        response = await self._send(
-            "pty_resize", "POST", f"/pty/{pid}/resize", body={"cols": cols, "rows": rows}, idempotent=False
-        )
-        self._json_reply("pty_resize", response)
-
-    async def pty_kill(self, pid: int) -> bool:
-        """Kill the PTY's process and forget the session; True if the server delivered the signal."""
-        self._session("pty_kill", pid)
-        try:
-            response = await self._send("pty_kill", "DELETE", f"/pty/{pid}", idempotent=False)
-            reply = self._json_reply("pty_kill", response)
-        finally:
-            await self._forget_pty(pid)
-        return bool(reply.get("killed", False))
-
-    async def _forget_pty(self, pid: int) -> None:
-        session = self._ptys.pop(pid, None)
-        if session is not None and session.task is not None:
-            session.task.cancel()
-            await asyncio.gather(session.task, return_exceptions=True)
-
-    def _json_reply(self, command: str, response: httpx.Response) -> dict[str, Any]:
-        if response.status_code != 200:
-            raise ComputerServerError(self.endpoint, command, _http_error(response))
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise ComputerServerError(self.endpoint, command, f"reply is not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ComputerServerError(self.endpoint, command, f"reply is not an object: {data!r}")
-        return data
-
 
 # ----------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _http_error(response: httpx.Response) -> str:
-    if response.status_code == 401:
-        return (
-            "HTTP 401: the endpoint refused the token (none given, or not this sandbox's); "
-            f"use the sandbox's handle (--stack/--unit) or set {ENDPOINT_TOKEN_ENV}"
-        )
-    detail: Any = None
-    try:
-        body = response.json()
-        detail = body.get("detail") if isinstance(body, dict) else body
-    except ValueError:
-        detail = response.text[:200]
-    return f"HTTP {response.status_code}: {detail}" if detail else f"HTTP {response.status_code}"
 
 
 def _check_button(button: str) -> None:
