@@ -137,7 +137,7 @@ class UnitLimits:
 
 
 class CommandOutcome(Protocol):
-    """What a command run in a unit answers (``ale_iac.sandbox.client.CommandResult``)."""
+    """What a command run in a unit answers (``ale_iac.sandbox.protocol.CommandResult``)."""
 
     @property
     def exit_code(self) -> int: ...
