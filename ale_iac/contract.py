@@ -116,16 +116,19 @@ class UnitSpec:
 
 
 class HostChannel(BaseModel):
-    """A way from inside a sandbox to one Unix socket on the runner's host, kept by the substrate.
-
-    The model gateway of a run listens on ``host_socket``; an in-sandbox agent reaches it at
-    ``sandbox_url``. Nothing answers there unless a run is serving the socket, and what answers
-    checks the unit's own token."""
+    """The unit's model channel: an in-sandbox agent's model base URL, served inside the unit by the
+    endpoint's forwarder and carried back to the runner's host over connections the host opens to the
+    endpoint (``ale_iac.substrates.channel``). Nothing answers there unless a run holds the channel open,
+    and what answers (the run's gateway) checks the unit's own token."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host_socket: str = Field(description="Path of the Unix socket on the host.")
-    sandbox_url: str = Field(description="What leads to it from inside the sandbox, e.g. http://127.0.0.1:4010.")
+    sandbox_url: str = Field(description="The channel inside the sandbox, e.g. http://127.0.0.1:4010.")
+    host_socket: str | None = Field(
+        default=None,
+        description="Only in the outputs of local units made before the channel went through the endpoint: "
+        "the Unix socket their supervisor relayed to (no longer used).",
+    )
 
 
 class UnitOutputs(BaseModel):

@@ -65,6 +65,8 @@ class ModelGrant:
     token: str
     tcp_root: str
     attach_unix: Callable[[Path], None]
+    on_revoke: Callable[[Callable[[], None]], None] | None = None
+    """Registers a callback for the grant's end (what carries its calls closes with it); None: never told."""
 
     def access(self, root: str) -> ModelAccess:
         base_url = root.rstrip("/") + ("/v1" if self.api == "openai" else "")

@@ -17,10 +17,13 @@ Everything goes through the sandbox's computer-server (the one transport every s
    is returned or the cancellation goes on. So whatever the cleanup mode, nothing of the agent
    runs in the sandbox once the unit moves on.
 
-The agent reaches its model through the sandbox's gateway channel (``UnitOutputs.gateway_channel``):
-the run's gateway serves the unit's grant on the channel's host socket, and the agent uses the
-channel's in-sandbox URL with its per-unit token. The real API key never enters the sandbox, and
-neither do other secrets: a preset that hands an agent ``secrets`` cannot run in-sandbox.
+The agent reaches its model through the unit's model channel (``UnitOutputs.gateway_channel``, a
+substrate's :attr:`~ale_iac.substrates.base.Capability.HOST_CHANNEL`): the run's gateway serves the unit's
+grant on a private Unix socket here, and for as long as the agent runs a
+:class:`~ale_iac.substrates.channel.ModelChannel` carries each connection the agent makes to the channel's
+in-unit URL back to that socket, over connections this host opens to the unit's endpoint. The agent sends
+its per-unit token; the real API key never enters the sandbox, and neither do other secrets: a preset that
+hands an agent ``secrets`` cannot run in-sandbox.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ import base64
 import contextlib
 import json
 import secrets
+import shutil
 import tarfile
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
@@ -46,6 +51,8 @@ from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import ComputerServerError
 from ale_iac.substrates import registry
 from ale_iac.substrates.base import Capability
+from ale_iac.substrates.channel import ModelChannel
+from ale_iac.substrates.relay import unix_connector
 from ale_iac.task import shell_quote
 
 _q = shell_quote
@@ -99,7 +106,7 @@ class SandboxExecutor(HostWorkDir):
         grant = self._grant()
         channel = self.sandbox.gateway_channel
         if channel is None:
-            raise AleIacError(f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no gateway channel")
+            raise AleIacError(f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no model channel")
         return grant.access(channel.sandbox_url)
 
     def cli(self, name: str) -> str:
@@ -122,11 +129,9 @@ class SandboxExecutor(HostWorkDir):
                 f"agent {self.config.name} lists secrets ({', '.join(sorted(self.env))}); secrets never enter a "
                 "sandbox: use the model gateway (model.api_key_secret) or run it with executor: docker or local"
             )
-        async with self.sandbox.client(timeout=300.0) as client:
+        async with self.sandbox.client(timeout=300.0) as client, contextlib.AsyncExitStack() as stack:
             await self._stage(client)
-            model = self.model_access() if self.model_grant else None
-            if self.model_grant is not None and self.sandbox.gateway_channel is not None:
-                await asyncio.to_thread(self.model_grant.attach_unix, Path(self.sandbox.gateway_channel.host_socket))
+            model = await stack.enter_async_context(self._model_channel()) if self.model_grant else None
             await self._start(client, prompt, timeout_s, model)
             try:
                 return await self._follow(client, timeout_s)
@@ -134,6 +139,31 @@ class SandboxExecutor(HostWorkDir):
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._kill(client))
                 raise
+
+    @contextlib.asynccontextmanager
+    async def _model_channel(self) -> AsyncIterator[ModelAccess]:
+        """The unit's model channel, open while the agent runs: the grant served on a private socket here,
+        carried into the unit through its endpoint; closed on the way out and when the grant is revoked."""
+        grant = self.model_grant
+        assert grant is not None
+        access = self.model_access()
+        token = self.sandbox.token()
+        if token is None:
+            raise AleIacError(f"sandbox {self.sandbox.resource_id} has no endpoint token: no model channel without it")
+        folder = Path(tempfile.mkdtemp(prefix="ale-iac-channel-"))
+        try:
+            socket_path = folder / "gateway.sock"
+            await asyncio.to_thread(grant.attach_unix, socket_path)
+            channel = ModelChannel(self.sandbox.endpoint, token, unix_connector(str(socket_path)))
+            await channel.open()
+            try:
+                if grant.on_revoke is not None:
+                    grant.on_revoke(lambda: channel.close_soon("the unit's model grant was revoked"))
+                yield access
+            finally:
+                await channel.aclose()
+        finally:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     async def _stage(self, client: ComputerServerClient) -> None:
         probe = await client.run_command(

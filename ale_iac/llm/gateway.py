@@ -41,6 +41,7 @@ import secrets
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -124,6 +125,12 @@ class Grant:
         """Also serve this grant on a Unix socket at ``path`` (mode 0600; a stale socket file there is
         replaced). Only this grant's token is accepted on it. Removed by ``revoke`` and ``close``."""
         self._gateway._attach_unix(self, Path(path))
+
+    def on_revoke(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the revoking thread: keep it short and thread-safe) once this grant ends,
+        by ``revoke`` or the gateway's ``close``; at once when it has ended already. What carries the
+        grant's calls elsewhere (a unit's model channel) closes with it."""
+        self._gateway._on_revoke(self, callback)
 
 
 class _Meter:
@@ -269,6 +276,20 @@ class _Unit:
         self.input_tokens = 0
         self.output_tokens = 0
         self.calls: list[_Call] = []
+        self.watchers: list[Callable[[], None]] = []
+
+    def ended(self) -> list[Callable[[], None]]:
+        """Mark the grant ended (under the gateway's lock); its watchers, each to be called once."""
+        self.active = False
+        watchers, self.watchers = self.watchers, []
+        return watchers
+
+
+def _notify(watchers: list[Callable[[], None]]) -> None:
+    """Call each watcher of an ended grant; one that fails does not keep the others from being told."""
+    for watcher in watchers:
+        with contextlib.suppress(Exception):
+            watcher()
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:
@@ -344,8 +365,8 @@ class ModelGateway:
             listeners.append(self._tcp)
         with self._lock:
             units = list(self._units.values())
-            for unit in units:
-                unit.active = False
+            watchers = [watcher for unit in units for watcher in unit.ended()]
+        _notify(watchers)
         for unit in units:
             for listener, socket_file in unit.sockets:
                 socket_file.remove()
@@ -410,7 +431,8 @@ class ModelGateway:
             unit = self._units.get(unit_id)
             if unit is None:
                 return
-            unit.active = False
+            watchers = unit.ended()
+        _notify(watchers)
         loop = self._loop
         if loop is not None:
             # A gateway closing meanwhile cuts the calls and removes the sockets itself.
@@ -424,6 +446,16 @@ class ModelGateway:
             listener.request_stop()
             self._retired.append(listener)
         unit.sockets.clear()
+
+    def _on_revoke(self, grant: Grant, callback: Callable[[], None]) -> None:
+        with self._lock:
+            unit = self._units.get(grant.unit_id)
+            live = unit is not None and unit.grant is grant and unit.active
+            if live:
+                assert unit is not None
+                unit.watchers.append(callback)
+        if not live:
+            callback()
 
     def _attach_unix(self, grant: Grant, path: Path) -> None:
         loop = self._loop

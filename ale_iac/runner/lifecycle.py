@@ -450,7 +450,12 @@ def _model_grant(plan: UnitPlan, ctx: RunContext, deployer_api: ModelApi | None)
         api_key = ctx.secrets_env.get(model.api_key_secret) if model.api_key_secret else None
     grant = ctx.gateway.grant(plan.unit_id, api=api, upstream_base_url=upstream, api_key=api_key)
     return ModelGrant(
-        api=api, model=name, token=grant.token, tcp_root=ctx.gateway.tcp_root, attach_unix=grant.attach_unix
+        api=api,
+        model=name,
+        token=grant.token,
+        tcp_root=ctx.gateway.tcp_root,
+        attach_unix=grant.attach_unix,
+        on_revoke=grant.on_revoke,
     )
 
 

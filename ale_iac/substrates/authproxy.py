@@ -13,19 +13,31 @@ upstream is the server's own loopback and the sandbox needs no network device bu
 
 Request bodies are forwarded by ``Content-Length``; a chunked request body is refused with 411
 (none of ale-iac's clients sends one). Responses are copied through unchanged.
+
+**The model channel** (``model_listener``): the forwarder also serves the agent's model base URL on a
+loopback port in the unit, and carries each connection made there back to the host, over a connection the
+*host* opened to this endpoint: the unit needs no route to the runner (no outbound network at all). The host
+takes the reserved path :data:`CHANNEL_PATH` with an upgrade (``Upgrade:`` :data:`CHANNEL_PROTOCOL`), which
+like every request needs the unit's token and never reaches the computer-server; the forwarder answers 101 and
+parks the connection, idle. Each agent connection on the model port is paired with one parked connection (in
+arrival order; it waits up to :data:`PAIR_TIMEOUT_S` for one, then is closed) and bytes are copied both ways
+until both sides are done; there is no framing. The host sees the agent's first bytes, connects to the run's
+gateway (the unit's grant only) and opens a new idle connection to replace the paired one. A parked connection
+the host closes leaves the pool; at most :data:`MAX_PARKED` are kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import hmac
 import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 AUTH_HEADER: Final = b"authorization"
 HEAD_LIMIT: Final = 64 * 1024
@@ -33,6 +45,18 @@ HEAD_LIMIT: Final = 64 * 1024
 FIRST_REQUEST_TIMEOUT_S: Final = 30.0
 """A connection that sends no complete request head within this long is closed."""
 COPY_CHUNK: Final = 256 * 1024
+CHANNEL_PATH: Final = b"/.ale-iac/model-channel"
+"""The reserved path of the model channel: taken only with the token and an upgrade, never forwarded."""
+CHANNEL_PROTOCOL: Final = b"ale-model-channel"
+CHANNEL_ACCEPTED: Final = (
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + CHANNEL_PROTOCOL + b"\r\nConnection: Upgrade\r\n\r\n"
+)
+MODEL_PORT: Final = 4010
+"""The model channel's port on the unit's loopback (the agent's model base URL is ``http://127.0.0.1:4010``)."""
+MAX_PARKED: Final = 16
+"""Most idle host connections the model channel keeps; one more is refused (503)."""
+PAIR_TIMEOUT_S: Final = 30.0
+"""How long an agent connection on the model port waits for an idle host connection before it is closed."""
 
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -65,6 +89,7 @@ class _Request:
         self.authorized = False
         self.content_length = 0
         self.upgrade = False
+        self.upgrade_to = b""
         seen_length = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
@@ -85,7 +110,13 @@ class _Request:
                 raise _RefusedError("411 Length Required")
             elif key == b"upgrade":
                 self.upgrade = True
+                self.upgrade_to = value.lower()
             self.headers.append(line)
+
+    @property
+    def path(self) -> bytes:
+        parts = self.request_line.split(b" ")
+        return parts[1].split(b"?", 1)[0] if len(parts) == 3 else b""
 
     def encoded(self) -> bytes:
         return b"\r\n".join([self.request_line, *self.headers]) + b"\r\n\r\n"
@@ -118,10 +149,16 @@ class _Connection:
     """One client connection: requests checked and forwarded, responses copied back."""
 
     def __init__(
-        self, token: bytes, connect: Connector, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
+        self,
+        token: bytes,
+        connect: Connector,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        channel: _ModelChannel | None = None,
     ) -> None:
         self.token = token
         self.connect = connect
+        self.channel = channel
         self.client_r = client_r
         self.client_w = client_w
         self.upstream_w: asyncio.StreamWriter | None = None
@@ -157,6 +194,9 @@ class _Connection:
             request = _Request(head, self.token)
             if not request.authorized:
                 raise _RefusedError("401 Unauthorized")
+            if request.path == CHANNEL_PATH:
+                await self._take_channel(request, first)
+                return
             upstream_w = self.upstream_w or await self._open_upstream()
             upstream_w.write(request.encoded())
             await _copy(self.client_r, upstream_w, request.content_length)
@@ -164,6 +204,19 @@ class _Connection:
                 await _copy(self.client_r, upstream_w)  # from now on the connection is a byte pipe
                 return
             first = False
+
+    async def _take_channel(self, request: _Request, first: bool) -> None:
+        """The host's connection for the model channel: answered 101 and parked until an agent connection
+        is paired with it (then until both are done) or the host closes it."""
+        if self.channel is None:
+            raise _RefusedError("404 Not Found")
+        if not first or request.upgrade_to != CHANNEL_PROTOCOL or request.content_length:
+            raise _RefusedError("400 Bad Request")
+        if len(self.channel.idle) >= MAX_PARKED:
+            raise _RefusedError("503 Service Unavailable")
+        self.client_w.write(CHANNEL_ACCEPTED)
+        await self.client_w.drain()
+        await self.channel.park(self.client_r, self.client_w)
 
     async def _open_upstream(self) -> asyncio.StreamWriter:
         upstream_r, self.upstream_w = await self.connect()
@@ -190,22 +243,131 @@ class _Connection:
         await _close(self.client_w)
 
 
-class AuthProxy:
-    """Serve a listening socket, forwarding authorized requests through ``connect``."""
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until EOF, then half-close: the other direction may still be answering."""
+    try:
+        while chunk := await reader.read(COPY_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()
 
-    def __init__(self, token: str, connect: Connector) -> None:
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Parked:
+    """An idle host connection of the model channel, and the agent connection paired with it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        loop = asyncio.get_running_loop()
+        self.agent: asyncio.Future[tuple[Streams, asyncio.Future[bool]]] = loop.create_future()
+
+
+class _ModelChannel:
+    """The unit's side of the model channel: idle host connections, paired with agent connections."""
+
+    def __init__(self, pair_timeout_s: float) -> None:
+        self.pair_timeout_s = pair_timeout_s
+        self.idle: collections.deque[_Parked] = collections.deque()
+        self.changed = asyncio.Event()
+
+    async def park(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Keep a host connection idle until an agent connection takes it, then copy both ways until both
+        are done; or until the host closes it (or sends anything while idle: it is dropped)."""
+        parked = _Parked(reader, writer)
+        try:
+            await self._serve_parked(parked)
+        finally:
+            if parked.agent.done():  # whatever happened, the agent connection's handler is not left waiting
+                _, finished = parked.agent.result()
+                if not finished.done():
+                    finished.set_result(True)
+
+    async def _serve_parked(self, parked: _Parked) -> None:
+        reader, writer = parked.reader, parked.writer
+        self.idle.append(parked)
+        self.changed.set()
+        watch = asyncio.ensure_future(reader.read(1))
+        try:
+            pending: set[asyncio.Future[Any]] = {watch, parked.agent}
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if parked in self.idle:
+                self.idle.remove(parked)
+            if not watch.done():
+                watch.cancel()
+            with contextlib.suppress(BaseException):
+                await watch
+        if not parked.agent.done():
+            return
+        agent, finished = parked.agent.result()
+        if not watch.cancelled():  # the host closed (or spoke) as it was taken: the agent tries another
+            finished.set_result(False)
+            return
+        await asyncio.gather(_pipe(agent[0], writer), _pipe(reader, agent[1]))
+        finished.set_result(True)
+
+    async def take(self) -> _Parked | None:
+        """The oldest idle host connection, waiting up to ``pair_timeout_s`` for one."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.pair_timeout_s
+        while not self.idle:
+            self.changed.clear()
+            left = end - loop.time()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                return None
+        return self.idle.popleft()
+
+    async def handle_agent(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """An agent connection on the model port: carried over the first idle host connection that takes it."""
+        _no_delay(writer)
+        try:
+            while (parked := await self.take()) is not None:
+                finished: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                parked.agent.set_result(((reader, writer), finished))
+                if await finished:
+                    return
+        finally:
+            await _close(writer)
+
+
+class AuthProxy:
+    """Serve a listening socket, forwarding authorized requests through ``connect``; with a model listener,
+    also the model channel (see the module docstring)."""
+
+    def __init__(self, token: str, connect: Connector, *, pair_timeout_s: float = PAIR_TIMEOUT_S) -> None:
         if len(token) < 16:
             raise ValueError("the token must have at least 16 characters")
         self.token = token.encode()
         self.connect = connect
+        self.pair_timeout_s = pair_timeout_s
+        self.channel: _ModelChannel | None = None
 
     async def handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         _no_delay(client_w)
-        await _Connection(self.token, self.connect, client_r, client_w).run()
+        await _Connection(self.token, self.connect, client_r, client_w, self.channel).run()
 
-    async def serve(self, listener: socket.socket) -> None:
-        server = await asyncio.start_server(self.handle, sock=listener, limit=HEAD_LIMIT)
-        async with server:
+    async def serve(self, listener: socket.socket, model_listener: socket.socket | None = None) -> None:
+        """Serve ``listener`` (the endpoint) and, when given, ``model_listener`` (the model channel's port in
+        the unit: a loopback listener), both non-blocking and listening, until cancelled."""
+        async with contextlib.AsyncExitStack() as stack:
+            if model_listener is not None:
+                self.channel = _ModelChannel(self.pair_timeout_s)
+                model = await asyncio.start_server(self.channel.handle_agent, sock=model_listener)
+                await stack.enter_async_context(model)
+            server = await asyncio.start_server(self.handle, sock=listener, limit=HEAD_LIMIT)
+            await stack.enter_async_context(server)
             await server.serve_forever()
 
 
@@ -258,14 +420,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT to serve")
     parser.add_argument("--upstream", type=_address, required=True, help="HOST:PORT of the computer-server")
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
+    parser.add_argument("--model-listen", type=_address, help="HOST:PORT of the model channel in the unit")
+    parser.add_argument(
+        "--pair-timeout", type=float, default=PAIR_TIMEOUT_S, help="seconds an agent connection waits for the host"
+    )
     args = parser.parse_args(argv)
     token = args.token_file.read_text().strip()
-    listener = socket.create_server(args.listen, family=socket.AF_INET6 if ":" in args.listen[0] else socket.AF_INET)
-    listener.setblocking(False)
+    listener = _listen(args.listen)
+    model = _listen(args.model_listen) if args.model_listen else None
     print(f"listening on {args.listen[0]}:{listener.getsockname()[1]}", flush=True)
+    if model is not None:
+        print(f"model channel on {args.model_listen[0]}:{model.getsockname()[1]}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(AuthProxy(token, tcp_connector(*args.upstream)).serve(listener))
+        proxy = AuthProxy(token, tcp_connector(*args.upstream), pair_timeout_s=args.pair_timeout)
+        asyncio.run(proxy.serve(listener, model))
     return 0
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    listener = socket.create_server(address, family=socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+    listener.setblocking(False)
+    return listener
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ only: their units are reached over their endpoint and nothing else). A substrate
   applied, log tails for a unit that is not ready, ``doctor`` checks, and the probe the inside-out isolation
   suite drives (:meth:`Substrate.isolation_probe`, ``ale_iac/substrates/isolation.py``);
 * **capabilities** a substrate may lack, said in its type (:attr:`Substrate.capabilities`): bulk transport
-  (:attr:`Substrate.transport`), a host channel into the unit for an in-sandbox agent's model, restore.
+  (:attr:`Substrate.transport`), the model channel for an in-sandbox agent (its endpoint's forwarder serves
+  the agent's model URL in the unit and carries it back over connections this host opens: the handle's
+  ``gateway_channel``, :meth:`Substrate.model_channel`), restore.
   :func:`require` refuses clearly, naming the substrate and the capability.
 
 Resource inputs and outputs are pydantic models with the Pulumi property names as fields: the declaration
@@ -34,10 +36,11 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
+from ale_iac.contract import LINUX_DESKTOP_PATHS, HostChannel, UnitOutputs, UnitSpec
 from ale_iac.errors import AleIacError
 from ale_iac.images import require_image
 from ale_iac.profile import HostRoute
+from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.isolation import IsolationProbe
 
 LogFn = Callable[[str], None]
@@ -47,7 +50,7 @@ class Capability(enum.Enum):
     """What a substrate may provide beyond the lifecycle every substrate has."""
 
     BULK_TRANSPORT = "bulk transport (folders in and out faster than the endpoint's file commands)"
-    HOST_CHANNEL = "host channel (a socket on the host that the unit's agent reaches its model through)"
+    HOST_CHANNEL = "host channel (the model channel: an in-unit agent's model URL carried back to this host)"
     RESTORE = "restore (a fresh unit under the same id, for pool leases)"
     LIMITS = "limits as applied (what the unit was limited to, read back at the end of a unit)"
 
@@ -227,11 +230,19 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
             managed=True,
             reset=route.reset,
             reset_urns=[urn],
+            gateway_channel=self.model_channel(),
             **self.extra_outputs(state),
         )
 
+    def model_channel(self) -> HostChannel | None:
+        """Where an in-unit agent finds its model (:attr:`Capability.HOST_CHANNEL`): the port the unit's
+        forwarder serves the model channel on; None without the capability."""
+        if Capability.HOST_CHANNEL not in self.capabilities:
+            return None
+        return HostChannel(sandbox_url=f"http://127.0.0.1:{MODEL_PORT}")
+
     def extra_outputs(self, state: StateT) -> dict[str, Any]:
-        """What this substrate's handles carry beyond the common fields (transport, expiry, channel)."""
+        """What this substrate's handles carry beyond the common fields (transport, expiry)."""
         del state
         return {}
 

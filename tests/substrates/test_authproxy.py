@@ -193,3 +193,40 @@ def test_a_short_token_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="at least 16"):
         AuthProxy("short", tcp_connector("127.0.0.1", 9))
+
+
+def test_the_model_channel_s_reserved_path_needs_the_token_and_is_never_forwarded(proxy: str) -> None:
+    """Without the token the reserved path is refused like any other; with it, it is the forwarder's own (this
+    forwarder serves no model channel: 404), and nothing of it reaches the computer-server."""
+    upgrade = "Connection: Upgrade\r\nUpgrade: ale-model-channel\r\n"
+    path = "/.ale-iac/model-channel"
+    assert raw_exchange(proxy, f"GET {path} HTTP/1.1\r\n{upgrade}\r\n".encode()).startswith(b"HTTP/1.1 401 ")
+    wrong = f"Authorization: Bearer {secrets.token_urlsafe(32)}\r\n"
+    assert raw_exchange(proxy, f"GET {path} HTTP/1.1\r\n{wrong}{upgrade}\r\n".encode()).startswith(b"HTTP/1.1 401 ")
+    right = f"Authorization: Bearer {TOKEN}\r\n"
+    assert raw_exchange(proxy, f"GET {path}?x HTTP/1.1\r\n{right}{upgrade}\r\n".encode()).startswith(b"HTTP/1.1 404 ")
+    assert Recorder.seen == []
+
+
+def test_the_reserved_path_takes_only_an_upgrade_on_a_fresh_connection(tmp_path: Path, upstream: int) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    argv = [sys.executable, "-m", "ale_iac.substrates.authproxy", "--listen", "127.0.0.1:0"]
+    argv += ["--upstream", f"127.0.0.1:{upstream}", "--token-file", str(token_file), "--model-listen", "127.0.0.1:0"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        endpoint = "http://" + process.stdout.readline().split(" on ")[1].strip()
+        right = f"Authorization: Bearer {TOKEN}\r\n"
+        path = "/.ale-iac/model-channel"
+        no_upgrade = raw_exchange(endpoint, f"GET {path} HTTP/1.1\r\n{right}\r\n".encode())
+        assert no_upgrade.startswith(b"HTTP/1.1 400 "), no_upgrade
+        # After a forwarded request on the same connection: dropped, not answered.
+        later = f"GET /status HTTP/1.1\r\n{right}\r\nGET {path} HTTP/1.1\r\n{right}Upgrade: ale-model-channel\r\n\r\n"
+        assert b"101 Switching" not in raw_exchange(endpoint, later.encode())
+        taken = raw_exchange(endpoint, f"GET {path} HTTP/1.1\r\n{right}Upgrade: ale-model-channel\r\n\r\n".encode())
+        assert taken.startswith(b"HTTP/1.1 101 Switching Protocols\r\n"), taken
+        assert [r["path"] for r in Recorder.seen] == ["/status"]
+    finally:
+        process.kill()
+        process.wait()

@@ -14,6 +14,7 @@ for which the sandbox has no route, so they fail before any packet is sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -33,11 +34,14 @@ import pytest
 
 from ale_iac.images import ImageInfo
 from ale_iac.substrates import isolation, registry
+from ale_iac.substrates.authproxy import MODEL_PORT
+from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local.isolation import LocalIsolation
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
+from ale_iac.substrates.relay import unix_connector
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
 from tests.support.rootless import HostUser
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
@@ -500,56 +504,47 @@ def test_no_network_but_loopback_and_no_host_helper(sut: SandboxUnderTest) -> No
     assert len(lines) == 5 and all(" failed " in line for line in lines), lines
 
 
-def test_the_gateway_channel_leads_only_to_its_socket(sut: SandboxUnderTest) -> None:
-    """127.0.0.1:<gateway port> inside reaches the state dir's socket on the host, and only while
-    something listens there; the socket's server sees the bytes, nothing else of the host does."""
+def test_the_model_channel_leads_only_to_what_the_host_carries_it_to(sut: SandboxUnderTest, tmp_path: Path) -> None:
+    """127.0.0.1:<model port> inside reaches, over a connection the host opened to the endpoint (with its
+    token), only what the host joins it to: here a Unix socket of the test's own, which sees the bytes whole."""
     applies(sut, isolation.GATEWAY_CHANNEL)
-    assert isinstance(sut.probe, LocalIsolation)
-    state = sut.probe.state
-    url = state.gateway_url
-    port = int(url.rsplit(":", 1)[1])
     probe = f"""
         import socket
         try:
-            with socket.create_connection(("127.0.0.1", {port}), timeout=5) as c:
+            with socket.create_connection(("127.0.0.1", {MODEL_PORT}), timeout=20) as c:
                 c.sendall(b"ping-from-the-sandbox")
                 c.shutdown(socket.SHUT_WR)
                 print("got", c.recv(100).decode() or "EOF")
         except OSError as exc:
             print("failed", exc.errno)
         """
-    # Nobody serves the socket: the connection is accepted inside and closed at once, before anything
-    # is sent on it (so the close is a clean EOF, not a reset of unread bytes).
-    closed = f"""
-        import socket
-        with socket.create_connection(("127.0.0.1", {port}), timeout=5) as c:
-            print("got", c.recv(100).decode() or "EOF")
-        """
-    assert python(sut, closed)["stdout"].strip() == "got EOF"
     received: list[bytes] = []
-    path = Path(state.gateway_socket)
-    assert path.parent == Path(state.state_dir)
+    path = tmp_path / "model.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
-        os.chown(path, sut.owner, -1)  # the run's gateway is served by the user that runs the sandbox
         server.listen(1)
-        try:
 
-            def answer() -> None:
-                conn, _ = server.accept()
-                with conn:
-                    data = b""
-                    while chunk := conn.recv(100):
-                        data += chunk
-                    received.append(data)
-                    conn.sendall(b"pong-from-the-host")
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(100):
+                    data += chunk
+                received.append(data)
+                conn.sendall(b"pong-from-the-host")
 
-            thread = threading.Thread(target=answer)
-            thread.start()
-            assert python(sut, probe)["stdout"].strip() == "got pong-from-the-host"
-            thread.join(timeout=30)
-        finally:
-            path.unlink()
+        async def carried() -> dict[str, Any]:
+            channel = ModelChannel(sut.endpoint.url, sut.endpoint.token or "", unix_connector(str(path)), pool=1)
+            await channel.open()
+            try:
+                return await asyncio.to_thread(python, sut, probe)
+            finally:
+                await channel.aclose()
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        assert asyncio.run(carried())["stdout"].strip() == "got pong-from-the-host"
+        thread.join(timeout=30)
     assert received == [b"ping-from-the-sandbox"]
 
 

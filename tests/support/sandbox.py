@@ -126,10 +126,8 @@ SandboxFactory = Callable[..., LocalSandboxState]
 
 
 def handle_of(state: LocalSandboxState) -> SandboxHandle:
-    """The handle a stack would export for this local sandbox (the gateway channel included)."""
-    channel = (
-        HostChannel(host_socket=state.gateway_socket, sandbox_url=state.gateway_url) if state.gateway_socket else None
-    )
+    """The handle a stack would export for this local sandbox (the model channel included)."""
+    channel = HostChannel(sandbox_url=state.gateway_url) if state.gateway_url else None
     return SandboxHandle(
         stack="-",
         unit=state.sandbox_id,

@@ -14,7 +14,6 @@ NOT_APPLICABLE = {
     "copies regular files and never follows a link (tests/substrates/docker/test_transport.py)",
     isolation.NETWORK_LOOPBACK_ONLY: "a unit has a network of its own (a published port needs one); "
     "tests/substrates/docker/test_runtime.py checks from inside that nothing of the host or beyond is reached",
-    isolation.GATEWAY_CHANNEL: "docker units keep no gateway channel",
     isolation.HOST_PROCESS_CONFINED: "no host process stands for the unit but the engine's own (containerd-shim, "
     "docker-proxy), which ale-iac does not start",
 }

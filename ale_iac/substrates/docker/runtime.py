@@ -20,7 +20,8 @@ run, profile and expiry), so that :func:`stop` and ``ale-iac gc`` find every one
   PID 1 and reaps the forwarder too. The computer-server listens on the container's ``127.0.0.1:8000``;
   ``ale_iac/substrates/authproxy.py`` (standard library only, copied in with ``put_archive`` before the
   start, 0600) listens on ``:8443``, which is published on the host's ``127.0.0.1`` only, and admits a
-  request only with the unit's bearer token. The token is made here and copied in the same way (0600): it
+  request only with the unit's bearer token, and serves the model channel on the container's
+  ``127.0.0.1:4010`` (``--model-listen``). The token is made here and copied in the same way (0600): it
   is in no environment variable, command line, label or other configuration ``docker inspect`` shows.
 
 The container's ``ale-iac.spec`` label is the unit's spec (image, screen, limits, labels, expiry; no token):
@@ -61,6 +62,7 @@ from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
+from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.docker import walls
 
 if TYPE_CHECKING:
@@ -316,7 +318,7 @@ def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
 def _command(spec: DockerSandboxSpec) -> list[str]:
     proxy = (
         f"{PYTHON} {ALE_DIR}/{PROXY_FILE} --listen 0.0.0.0:{PROXY_PORT} "
-        f"--upstream 127.0.0.1:{SERVER_PORT} --token-file {ALE_DIR}/{TOKEN_FILE}"
+        f"--upstream 127.0.0.1:{SERVER_PORT} --token-file {ALE_DIR}/{TOKEN_FILE} --model-listen 127.0.0.1:{MODEL_PORT}"
     )
     init = (
         f"exec {INIT} --host 127.0.0.1 --port {SERVER_PORT} "

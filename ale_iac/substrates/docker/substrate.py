@@ -79,7 +79,7 @@ class DockerSubstrate(Substrate[DockerInputs, DockerState, DockerRoute]):
     state_model: ClassVar[type[UnitState]] = DockerState
     folder_output: ClassVar[str] = ""  # its units live in the engine, not in a home's folder
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.BULK_TRANSPORT, Capability.RESTORE, Capability.LIMITS}
+        {Capability.BULK_TRANSPORT, Capability.HOST_CHANNEL, Capability.RESTORE, Capability.LIMITS}
     )
     transport: ClassVar[BulkTransport | None] = ArchiveTransport()
 

@@ -26,8 +26,6 @@ SANDBOX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 DEFAULT_INIT = "/usr/local/sbin/ale-init"
 DEFAULT_SERVER_PORT = 8000
 DEFAULT_GATEWAY_PORT = 4010
-GATEWAY_SOCKET = "gateway.sock"
-"""In the state dir: the host end of the sandbox's gateway channel (a run's model gateway serves it)."""
 DEFAULT_DISK_GB = 16
 DEFAULT_PIDS_LIMIT = 4096
 TAP = "tap0"
@@ -80,7 +78,7 @@ class LocalSandboxSpec:
     server_port: int = DEFAULT_SERVER_PORT
     """Port of the computer-server inside the sandbox's own network namespace."""
     gateway_port: int = DEFAULT_GATEWAY_PORT
-    """Port on the sandbox's loopback relayed to ``GATEWAY_SOCKET`` in the state dir on the host."""
+    """Port on the sandbox's loopback where the endpoint's forwarder serves the model channel."""
     init: str = DEFAULT_INIT
     """The image's init (path inside the rootfs)."""
 
@@ -129,8 +127,9 @@ class LocalSandboxState:
     (:func:`oom_kills` reads the live count)."""
     exit_code: int | None = None
     gateway_url: str = ""
-    """Inside the sandbox, what leads to ``gateway_socket`` on the host (empty before it is set up)."""
+    """Inside the sandbox, the model channel (empty before it is set up)."""
     gateway_socket: str = ""
+    """Only in the state of sandboxes made before the model channel went through the endpoint."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, SecretStr
 
-from ale_iac.contract import HostChannel, UnitOutputs, UnitSpec
+from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.images import require_image
 from ale_iac.profile import LocalRoute
 from ale_iac.substrates.base import (
@@ -41,6 +41,7 @@ class LocalState(UnitState):
     state_dir: str
     limits: list[Limit] = Field(default_factory=list)
     gateway_socket: str = ""
+    """Only in the state of units made before the model channel went through the endpoint."""
     gateway_url: str = ""
 
 
@@ -65,11 +66,6 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             disk_gb=shape.disk_gb or sandboxes.DEFAULT_DISK_GB,
             pids_limit=route.pids_limit,
         )
-
-    def extra_outputs(self, state: LocalState) -> dict[str, Any]:
-        if not state.gateway_socket:
-            return {}
-        return {"gateway_channel": HostChannel(host_socket=state.gateway_socket, sandbox_url=state.gateway_url)}
 
     def units_on_image(self, rootfs: Path) -> list[str]:
         target = str(rootfs.resolve())
@@ -101,7 +97,6 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             supervisor_pid=state.supervisor_pid,
             state_dir=state.state_dir,
             limits=[Limit(**asdict(record)) for record in state.limits],
-            gateway_socket=state.gateway_socket,
             gateway_url=state.gateway_url,
         )
 

@@ -21,9 +21,9 @@ import here is memory per sandbox). It owns the sandbox's processes for their wh
    otherwise it has nothing but ``lo``;
 6. serves the endpoint: 127.0.0.1:<host_port> on the host, an authenticating forwarder
    (``substrates.authproxy``) whose upstream connections are made inside the sandbox's network
-   namespace, to the computer-server on its loopback; and the gateway channel the other way: the
-   sandbox's 127.0.0.1:<gateway_port> relayed (``substrates.relay``) to ``gateway.sock`` in the
-   state dir, where a run's model gateway may listen (nothing else of the host is behind it);
+   namespace, to the computer-server on its loopback; the same forwarder serves the model channel
+   on the sandbox's 127.0.0.1:<gateway_port>, carried back over connections a run opens to the
+   endpoint (``substrates.channel``; the same mechanism as in a container or a guest);
 7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``;
 8. waits. SIGTERM stops the sandbox (SIGTERM to its init, SIGKILL after a grace period); when
    the sandbox or slirp4netns dies, the other one is stopped too. On the way out the tails of
@@ -64,7 +64,6 @@ from ale_iac.substrates.local import cgroups, linux
 from ale_iac.substrates.local.host import MODE_ROOTLESS, host_mode, subordinate_ids
 from ale_iac.substrates.local.sandboxes import (
     DISK_FILE,
-    GATEWAY_SOCKET,
     LOGS_DIR,
     MOUNT_ROOT,
     MTU,
@@ -80,7 +79,7 @@ from ale_iac.substrates.local.sandboxes import (
     copy_tail,
     uid_base_of,
 )
-from ale_iac.substrates.relay import loopback_listener, serve_relay, unix_connector
+from ale_iac.substrates.relay import loopback_listener
 
 SLIRP_SOCKET = "slirp.sock"  # relative to the state dir (our cwd): keeps the path short
 SETUP_TIMEOUT_S = 20.0
@@ -161,7 +160,6 @@ class Supervisor:
         self.exit_code: int | None = None
         self.layer_mounted = False
         self.gateway_url = ""
-        self.gateway_socket = ""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -187,7 +185,6 @@ class Supervisor:
             mode=self.mode,
             oom_kills=self.oom_kills,
             gateway_url=self.gateway_url,
-            gateway_socket=self.gateway_socket,
             exit_code=self.exit_code,
         )
 
@@ -484,29 +481,23 @@ class Supervisor:
             raise SetupError(f"{name}: cannot serve in the sandbox's network namespace: {failure[0]}")
 
     def start_endpoint(self) -> None:
-        """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback."""
+        """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback; and
+        the model channel on the sandbox's 127.0.0.1:<gateway port>, served by the same forwarder."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         listener.setblocking(False)
         proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
-        self._in_sandbox_netns("endpoint", lambda: proxy.serve(listener))
-        self.host_port = int(listener.getsockname()[1])
-        log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
-
-    def start_gateway_channel(self) -> None:
-        """The sandbox's 127.0.0.1:<gateway port> relayed to a Unix socket in the state dir: the one
-        way out to the host, served only while a run's model gateway listens there."""
-        socket_path = str(self.folder / GATEWAY_SOCKET)
 
         def prepare() -> Coroutine[Any, Any, None]:
-            listener = loopback_listener(self.spec.gateway_port)  # made inside: this thread has joined
-            return serve_relay(listener, unix_connector(socket_path))
+            model = loopback_listener(self.spec.gateway_port)  # made inside: this thread has joined
+            return proxy.serve(listener, model)
 
-        self._in_sandbox_netns("gateway channel", prepare)
-        self.gateway_socket = socket_path
+        self._in_sandbox_netns("endpoint", prepare)
+        self.host_port = int(listener.getsockname()[1])
         self.gateway_url = f"http://127.0.0.1:{self.spec.gateway_port}"
-        log(f"gateway channel: sandbox {self.gateway_url} -> {socket_path}")
+        log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
+        log(f"model channel: sandbox {self.gateway_url}, carried back over the endpoint")
 
     def setup(self) -> None:
         self.save()
@@ -525,7 +516,6 @@ class Supervisor:
             if self.spec.allow_outbound:
                 self.start_slirp()
             self.start_endpoint()
-            self.start_gateway_channel()
             os.write(block_w, b"1")  # bwrap goes on and executes the init
         finally:
             os.close(block_w)

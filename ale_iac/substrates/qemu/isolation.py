@@ -31,7 +31,6 @@ NOT_APPLICABLE = {
     isolation.HOST_READS_SAFELY: "the host reads no file the guest wrote but through QMP and the share's regular files",
     isolation.NETWORK_LOOPBACK_ONLY: "the guest has user-mode networking with restrict=on (no outbound), checked "
     "in tests/substrates/qemu/test_runtime.py",
-    isolation.GATEWAY_CHANNEL: "qemu units keep their agent channel on a socket in the unit folder, not a gateway port",
     isolation.TASKS_BOUNDED: _GUEST_KERNEL + "its task count is its own kernel's; its vCPUs and memory bound it",
     isolation.CGROUPS_OUT_OF_REACH: _GUEST_KERNEL + "its cgroups are its own kernel's",
 }

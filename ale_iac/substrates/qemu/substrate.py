@@ -111,7 +111,9 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
     inputs_model: ClassVar[type[UnitInputs]] = QemuInputs
     state_model: ClassVar[type[UnitState]] = QemuState
     folder_output: ClassVar[str] = "unit_dir"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.BULK_TRANSPORT, Capability.RESTORE})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.BULK_TRANSPORT, Capability.HOST_CHANNEL, Capability.RESTORE}
+    )
     transport: ClassVar[BulkTransport | None] = GuestShareTransport()
     image_export: ClassVar[str | None] = "qcow2"
 
