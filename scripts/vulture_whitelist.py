@@ -105,3 +105,6 @@ DockerSubstrate  # unused class (ale_iac/substrates/docker/substrate.py)
 QemuSubstrate  # unused class (ale_iac/substrates/qemu/substrate.py)
 # a Pulumi output of docker units (in the stack's state; plain pulumi shows it)
 image_tag  # unused variable (ale_iac/substrates/docker/substrate.py)
+# read from the state and outputs of local units made before the model channel went through the endpoint
+host_socket  # unused variable (ale_iac/contract.py)
+gateway_socket  # unused variable (ale_iac/substrates/local/runtime.py, substrate.py)

@@ -2,16 +2,10 @@
 joined to a fresh upstream connection, and bytes are copied both ways until either side closes.
 
 It carries no authentication of its own: what it leads to authenticates (the model gateway checks
-each request's per-unit token). Two users:
-
-* the ``local`` supervisor, in a thread that has joined the sandbox's network namespace: the
-  sandbox's ``127.0.0.1:<gateway port>`` leads to a Unix socket on the host (``unix_connector``),
-  which is the only way out of a sandbox without outbound network;
-* the in-container entry of the ``docker`` executor (``--network none``): loopback ports inside the
-  container lead to the Unix sockets mounted into it.
-
-Unix socket paths live in the file system, not in a network namespace, so a thread inside a
-sandbox's network namespace still reaches a host socket by its path.
+each request's per-unit token). Its user is the in-container entry of the ``docker`` executor
+(``--network none``): loopback ports inside the container lead to the Unix sockets mounted into it.
+(A unit's model channel is not a relay from inside: the unit's forwarder carries it back over
+connections the host opens, ``substrates.channel``.)
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The real Claude Code and Codex CLIs (from npm) through ``ale-iac evaluate``, end to end: a scripted
 model server on 127.0.0.1 plays the model, the run's gateway stands between, and each CLI solves the
-demo task cli-log-stats for real in a local sandbox.
+demo task cli-log-stats for real in a sandbox.
 
-* ``sandbox`` executor: the in-sandbox shape. The deployer and the CLI are carried into the sandbox;
-  the CLI uses its own shell for the work and the cua bridge for a screenshot. This is docs/models.md's
-  dry run as printed: the shipped presets, ``--model-plan`` and the run's own scripted model server.
+* ``sandbox`` executor: the in-sandbox shape, on each substrate (``local``, ``docker``, ``qemu``) with the
+  same deployers. The deployer and the CLI are carried into the sandbox; the CLI uses its own shell for the
+  work and the cua bridge for a screenshot, and reaches its model through the unit's model channel (carried
+  back over the unit's endpoint). This is docs/models.md's dry run as printed: the shipped presets,
+  ``--model-plan`` and the run's own scripted model server (on another profile with ``--profile``).
 * ``docker`` executor: the out-of-sandbox shape. The same deployer classes run in a container; the
   CLIs have no shell of their own and do everything through the vm and cua bridges.
 
@@ -154,9 +156,10 @@ def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> N
         assert search["stdout"] == "", f"the API key is in the sandbox: {search['stdout']}"
 
 
-def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunSummary, dict[str, int], str]:
-    """docs/models.md's dry run as printed (the shipped presets, ``--model-plan``, no key in the environment),
-    retaining the sandboxes; the served totals from the run's scripted model server, and its throwaway key."""
+def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tuple[RunSummary, dict[str, int], str]:
+    """docs/models.md's dry run as printed (the shipped presets, ``--model-plan``, no key in the environment)
+    on ``profile``, retaining the sandboxes; the served totals from the run's scripted model server, and its
+    throwaway key."""
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     started: list[PlanServer] = []
@@ -168,7 +171,13 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunSummary
 
     monkeypatch.setattr(evaluation, "PlanServer", Recorded)
     argv = dry_run_command()
-    overrides = {"model_plan": str(REPO / argv[argv.index("--model-plan") + 1]), "cleanup": "retain"}
+    overrides = {
+        "model_plan": str(REPO / argv[argv.index("--model-plan") + 1]),
+        "cleanup": "retain",
+        "profile": profile,
+        # A qemu guest without KVM runs the CLIs under TCG (several times slower); the budget grows with it.
+        "unit_timeout_s": 900 if profile == "qemu" else None,
+    }
     experiment = load_experiment(REPO / argv[1], {**overrides, "output_root": str(tmp_path / "runs")})
     summary = run_experiment(experiment)
     log = (summary.run_dir / "model_server.log").read_text()
@@ -180,14 +189,22 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunSummary
     return summary, served, started[0].key
 
 
-@pytest.mark.parametrize("executor", ["sandbox", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize(
+    ("executor", "profile"),
+    [
+        ("sandbox", "local"),
+        pytest.param("sandbox", "docker", marks=pytest.mark.docker, id="sandbox-on-docker"),
+        pytest.param("sandbox", "qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(1500)], id="sandbox-on-qemu"),
+        pytest.param("docker", "local", marks=pytest.mark.docker),
+    ],
+)
 def test_real_clis_solve_a_task_through_the_gateway(
-    executor: str, tmp_path: Path, model_key: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
+    executor: str, profile: str, tmp_path: Path, model_key: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In the sandbox: the docs' dry run (``--model-plan``) exactly; in a container: the presets pointed at a
-    scripted model server of the test's own, with a key of its own."""
+    """In the sandbox: the docs' dry run (``--model-plan``) exactly, on each substrate; in a container: the
+    presets pointed at a scripted model server of the test's own, with a key of its own."""
     if executor == "sandbox":
-        summary, served, model_key = dry_run(tmp_path, monkeypatch)
+        summary, served, model_key = dry_run(tmp_path, monkeypatch, profile)
         assert (
             load_plan(PLAN_FILE).scripts[0].turns
             == Plan.model_validate({"scripts": [{"match": ".", "turns": PLANS["sandbox"]}]}).scripts[0].turns

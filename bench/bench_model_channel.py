@@ -1,0 +1,206 @@
+"""What the model channel costs, per substrate: a real unit, the real forwarder in it, the host's
+:class:`~ale_iac.substrates.channel.ModelChannel` and the run's gateway in this process.
+
+    .venv/bin/python bench/bench_model_channel.py [--substrates local docker qemu] [--calls 50] [--mb 20]
+
+Per substrate, a client inside the unit (the image's python3, run through the computer-server) makes
+``--calls`` streamed model calls (about 1 kB of SSE each) to the channel's ``127.0.0.1:4010``, each on a new
+connection (what pairs a reverse connection and opens a replacement) and all on one keep-alive connection;
+then one call whose answer streams ``--mb`` MB. The same client code runs on this host against the gateway
+directly for the baseline, so "added" is what the unit's side, the channel and the endpoint's path add
+(under qemu without KVM, the in-guest client itself runs under TCG: part of it is the guest's CPU).
+Idle cost: the reverse connections held, and the memory of this process and of the unit's forwarder
+(local: the supervisor; docker: the forwarder's process; qemu: the guest agent) before and after the pool opens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.server
+import json
+import secrets
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from ale_iac import profile
+from ale_iac.contract import UnitSpec
+from ale_iac.llm.gateway import ModelGateway
+from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.substrates import registry
+from ale_iac.substrates.channel import ModelChannel
+from ale_iac.substrates.relay import unix_connector
+
+SMALL = b"".join(
+    b"event: delta\ndata: " + json.dumps({"type": "delta", "i": i, "pad": "x" * 80}).encode() + b"\n\n"
+    for i in range(10)
+)
+
+
+class Upstream(http.server.BaseHTTPRequestHandler):
+    """A model API stand-in: ``small`` answers ~1 kB of SSE; a body asking ``mb`` gets that many MB."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        megabytes = int(body.get("mb", 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if megabytes:
+            chunk = b"data: " + b"y" * (64 * 1024 - 8) + b"\n\n"
+            self.send_header("Content-Length", str(len(chunk) * 16 * megabytes))
+            self.end_headers()
+            for _ in range(16 * megabytes):
+                self.wfile.write(chunk)
+            return
+        self.send_header("Content-Length", str(len(SMALL)))
+        self.end_headers()
+        self.wfile.write(SMALL)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+CLIENT = r"""
+import http.client, json, sys, time
+host, port, token, calls, mb = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+body = json.dumps({"model": "m", "max_tokens": 1, "stream": True, "messages": [{"role": "user", "content": "b"}]})
+headers = {"x-api-key": token, "content-type": "application/json"}
+def one(conn, payload=body):
+    started = time.perf_counter()
+    conn.request("POST", "/v1/messages", body=payload, headers=headers)
+    reply = conn.getresponse()
+    size = 0
+    while chunk := reply.read(262144):
+        size += len(chunk)
+    assert reply.status == 200, reply.status
+    return time.perf_counter() - started, size
+fresh = []
+for _ in range(calls):
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    fresh.append(one(conn)[0]); conn.close()
+conn = http.client.HTTPConnection(host, port, timeout=60)
+kept = [one(conn)[0] for _ in range(calls)]
+big = json.dumps({"model": "m", "stream": True, "messages": [], "mb": mb})
+seconds, size = one(conn, big)
+print(json.dumps({"fresh": fresh, "kept": kept, "stream_s": seconds, "stream_bytes": size}))
+"""
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def on_host(root: str, token: str, calls: int, mb: int) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    url = httpx.URL(root)
+    argv = [sys.executable, "-c", CLIENT, str(url.host), str(url.port), token, str(calls), str(mb)]
+    return dict(json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout))
+
+
+def forwarder_pid(kind: str, state: Any) -> int | None:
+    """The host process the unit's forwarder lives in, where it is one (docker: the forwarder's own)."""
+    if kind == "local":
+        return int(state.supervisor_pid)
+    if kind != "docker":
+        return None
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("/opt/ale-iac/authproxy.py" in part for part in proc.info["cmdline"] or []):
+            with contextlib.suppress(OSError):
+                if state.container_id in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                    return int(proc.pid)
+    return None
+
+
+async def measure(kind: str, calls: int, mb: int, upstream: str) -> dict[str, Any]:
+    substrate = registry.get(kind)
+    route = profile.parse_profile({"name": "b", "snapshots": {"s": {"provider": kind}}}, "bench").profile.route("s")[1]
+    inputs = substrate.inputs_for(UnitSpec(name="u0"), route, "bench-u0", {})
+    sandbox_id = f"bench-{secrets.token_hex(4)}"
+    if kind == "qemu":
+        substrate.prepare_images([route], print)
+    started = time.monotonic()
+    state = await asyncio.to_thread(substrate.create, sandbox_id, inputs)
+    try:
+        async with ComputerServerClient(state.endpoint, token=state.endpoint_token, timeout=600) as client:
+            while True:
+                try:
+                    await client.run_command("true")
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            ready_s = time.monotonic() - started
+            with ModelGateway() as gateway, tempfile.TemporaryDirectory() as folder:
+                grant = gateway.grant(sandbox_id, api="anthropic", upstream_base_url=upstream, api_key=None)
+                sock = Path(folder) / "gateway.sock"
+                grant.attach_unix(sock)
+                me = psutil.Process()
+                pid = forwarder_pid(kind, state)
+                unit_before = rss_mb(pid) if pid else None
+                host_before = me.memory_info().rss / 2**20
+                channel = ModelChannel(state.endpoint, state.endpoint_token, unix_connector(str(sock)))
+                await channel.open()
+                while channel.idle < 4:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)
+                idle = {
+                    "connections": channel.idle,
+                    "host_rss_delta_mb": round(me.memory_info().rss / 2**20 - host_before, 2),
+                    "unit_forwarder_rss_delta_mb": round(rss_mb(pid) - unit_before, 2) if pid and unit_before else None,
+                }
+                await client.write_text("/tmp/bench_model_channel.py", CLIENT)
+                script = f"python3 /tmp/bench_model_channel.py 127.0.0.1 4010 {grant.token} {calls} {mb}"
+                done = await client.run_command(script, timeout=900)
+                assert done.exit_code == 0, done.stderr
+                inside = json.loads(done.stdout)
+                await channel.aclose()
+                direct = await asyncio.to_thread(on_host, gateway.tcp_root, grant.token, calls, mb)
+    finally:
+        await asyncio.to_thread(substrate.destroy, sandbox_id, None)
+    return {
+        "substrate": kind,
+        "ready_s": round(ready_s, 1),
+        "fresh_p50_ms": round(p50(inside["fresh"]), 2),
+        "kept_p50_ms": round(p50(inside["kept"]), 2),
+        "direct_fresh_p50_ms": round(p50(direct["fresh"]), 2),
+        "direct_kept_p50_ms": round(p50(direct["kept"]), 2),
+        "stream_mb_s": round(inside["stream_bytes"] / inside["stream_s"] / 2**20, 1),
+        "direct_stream_mb_s": round(direct["stream_bytes"] / direct["stream_s"] / 2**20, 1),
+        "idle": idle,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--substrates", nargs="+", default=["local", "docker", "qemu"])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--mb", type=int, default=20)
+    args = parser.parse_args()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for kind in args.substrates:
+            print(json.dumps(asyncio.run(measure(kind, args.calls, args.mb, upstream))), flush=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
