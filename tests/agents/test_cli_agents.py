@@ -37,6 +37,7 @@ from ale_iac.runner import evaluation
 from ale_iac.runner.evaluation import RunSummary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.model_plan import PlanServer
+from ale_iac.substrates.qemu import launcher
 from tests.support.sandbox import Endpoint, run
 from tests.test_docs_models import dry_run_command
 
@@ -81,6 +82,10 @@ PLANS = {
     ],
 }
 AGENTS = {"claude-code": "claude_code", "codex": "codex"}
+ON_TCG = launcher.accel() == "tcg"
+"""A qemu guest without KVM runs the CLIs under TCG's default CPU: Claude Code's native binary dies there of
+SIGILL (an instruction qemu64 lacks), and Codex gives up on the cua bridge, whose Python start takes longer
+under TCG than the 30 s it waits for an MCP server's handshake."""
 
 
 @pytest.fixture
@@ -175,8 +180,6 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tu
         "model_plan": str(REPO / argv[argv.index("--model-plan") + 1]),
         "cleanup": "retain",
         "profile": profile,
-        # A qemu guest without KVM runs the CLIs under TCG (several times slower); the budget grows with it.
-        "unit_timeout_s": 900 if profile == "qemu" else None,
     }
     experiment = load_experiment(REPO / argv[1], {**overrides, "output_root": str(tmp_path / "runs")})
     summary = run_experiment(experiment)
@@ -194,7 +197,15 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tu
     [
         ("sandbox", "local"),
         pytest.param("sandbox", "docker", marks=pytest.mark.docker, id="sandbox-on-docker"),
-        pytest.param("sandbox", "qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(1500)], id="sandbox-on-qemu"),
+        pytest.param(
+            "sandbox",
+            "qemu",
+            marks=[
+                pytest.mark.qemu,
+                pytest.mark.skipif(ON_TCG, reason="the CLIs do not run in a TCG guest (see ON_TCG); needs KVM"),
+            ],
+            id="sandbox-on-qemu",
+        ),
         pytest.param("docker", "local", marks=pytest.mark.docker),
     ],
 )
