@@ -1,4 +1,4 @@
-"""The ``sandbox`` executor refuses, before anything starts, a unit whose substrate lacks the host channel an
+"""The ``sandbox`` executor refuses, before anything starts, a unit whose substrate lacks the model channel an
 in-sandbox agent reaches its model through: naming the substrate and the capability."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from ale_iac.errors import AleIacError
 from ale_iac.executors.sandbox import SandboxExecutor
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
-from ale_iac.substrates.base import MissingCapabilityError
+from ale_iac.substrates import registry
+from ale_iac.substrates.base import Capability, MissingCapabilityError
 
 
 def _handle(provider: str, managed: bool = True) -> SandboxHandle:
@@ -35,8 +36,13 @@ def _executor(handle: SandboxHandle, tmp_path: Path) -> SandboxExecutor:
     return SandboxExecutor(config=config, sandbox=handle, work_dir=tmp_path, env={}, redact=Redactor())
 
 
-@pytest.mark.parametrize("provider", ["docker", "qemu"])
-def test_a_substrate_without_a_host_channel_is_named_with_the_capability(provider: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", registry.names())
+def test_a_substrate_without_a_host_channel_is_named_with_the_capability(
+    provider: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every registered substrate has the channel today; one that lacked it (a new one, say) is refused so."""
+    substrate = registry.get(provider)
+    monkeypatch.setattr(type(substrate), "capabilities", substrate.capabilities - {Capability.HOST_CHANNEL})
     with pytest.raises(MissingCapabilityError) as refused:
         _executor(_handle(provider), tmp_path).model_access()
     message = str(refused.value)
