@@ -36,6 +36,7 @@ import grpc
 from pulumi import automation as auto
 from pulumi.automation._server import LanguageServer  # not re-exported; what Stack.up/destroy serve
 from pulumi.automation._stack import StackInitMode  # not re-exported; the SDK is not pinned
+from pulumi.runtime import _grpc_settings  # the options of every channel an in-process program opens
 from pulumi.runtime.proto import language_pb2_grpc
 
 from ale_iac import filebackend, procs
@@ -52,6 +53,19 @@ Program = Callable[[], None]
 OutputSink = Callable[[str], None]
 
 _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+OWN_SUBCHANNELS: Final = ("grpc.use_local_subchannel_pool", 1)
+"""Each channel an in-process program opens to its CLI (monitor, engine) connects on its own.
+
+By default grpc shares connections ("subchannels") process-wide between channels to the same address, their
+failure state included. A program that calls its CLI after the CLI is gone (killed, timed out, or ended by a
+provider's failure: the SDK then logs "Resource monitor has terminated" to the dead engine) leaves a refused
+connection to that port, and for its reconnect backoff (1 s, longer after each refused call) a new channel to
+the same address fails at once with "connection refused", without trying. A later CLI the kernel gives that
+port would run its program unable to reach it: the unit's ``up`` fails (``wait_for_rpcs``: ``engine.Log``).
+Appended to the SDK's channel options once, at import; servers ignore it."""
+if OWN_SUBCHANNELS not in _grpc_settings._GRPC_CHANNEL_OPTIONS:
+    _grpc_settings._GRPC_CHANNEL_OPTIONS.append(OWN_SUBCHANNELS)
 
 
 class StackLockedError(AleIacError):

@@ -11,7 +11,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
+from google.protobuf import empty_pb2
+from pulumi.runtime import _grpc_settings
+from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc
 
 from ale_iac.engine import (
     Engine,
@@ -261,3 +265,50 @@ def test_pulumi_preview_on_the_project_with_a_shipped_stack(tmp_path: Path) -> N
         assert "units" in out.stdout and "http://127.0.0.1:8000" in out.stdout
     finally:
         subprocess.run([pulumi, "stack", "rm", "--yes", "-s", "static", "--cwd", str(project)], env=env, check=False)
+
+
+class _EngineLog(engine_pb2_grpc.EngineServicer):
+    """The CLI's engine service as far as a program's log calls need it: a place to send them to."""
+
+    def Log(self, request: engine_pb2.LogRequest, context: object) -> empty_pb2.Empty:  # noqa: N802 (grpc's name)
+        del request, context
+        return empty_pb2.Empty()
+
+
+def _serve_engine(port: int = 0) -> tuple[grpc.Server, int]:
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    engine_pb2_grpc.add_EngineServicer_to_server(_EngineLog(), server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    assert bound, f"port {port} is not free"
+    server.start()
+    return server, bound
+
+
+def _log_via(channel: grpc.Channel) -> None:
+    engine_pb2_grpc.EngineStub(channel).Log(engine_pb2.LogRequest(severity=engine_pb2.DEBUG, message="m"), timeout=30)
+
+
+def test_a_program_reaches_its_engine_on_a_port_an_earlier_programs_dead_engine_had() -> None:
+    """A program opens its channels to the CLI (``pulumi.runtime.settings.Settings``: these options) in
+    this process; an earlier one whose CLI is gone (killed, say) left a refused connection to the port its
+    engine had. When the kernel gives that port to a later CLI's engine, the later program's first call
+    reaches it, instead of failing at once with the earlier "connection refused" (grpc's process-wide
+    connection sharing, which ``ale_iac.engine`` turns off for these channels)."""
+    first, port = _serve_engine()
+    address = f"127.0.0.1:{port}"
+    earlier = grpc.insecure_channel(address, options=_grpc_settings._GRPC_CHANNEL_OPTIONS)
+    try:
+        _log_via(earlier)
+        first.stop(None).wait()  # the earlier CLI is killed
+        with pytest.raises(grpc.RpcError) as refused:
+            _log_via(earlier)  # its program still logs ("Resource monitor has terminated")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        later_cli, _ = _serve_engine(port)
+        later = grpc.insecure_channel(address, options=_grpc_settings._GRPC_CHANNEL_OPTIONS)
+        try:
+            _log_via(later)
+        finally:
+            later.close()
+            later_cli.stop(None).wait()
+    finally:
+        earlier.close()
