@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ale_iac.engine import Engine
+from ale_iac.paths import home_id
 from ale_iac.profile import resolve_profile
 from ale_iac.runner.provisioners import Pool
 from ale_iac.runner.status import UnitStatus
@@ -45,8 +46,9 @@ def _inspect_text(container_id: str) -> str:
 
 
 def _units_left() -> list[str]:
+    """This home's docker units' engine objects (another test's, or another home's, are not this test's)."""
     client = runtime.client()
-    label = {"label": [f"{runtime.LABEL_KIND}={runtime.KIND}"]}
+    label = {"label": [f"{runtime.LABEL_KIND}={runtime.KIND}", f"{runtime.LABEL_HOME}={home_id()}"]}
     try:
         return [
             *(f"container {c.name}" for c in client.containers.list(all=True, filters=label)),

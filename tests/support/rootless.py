@@ -151,11 +151,28 @@ def default_expose() -> list[str]:
     return sorted(paths)
 
 
+USER_DB_WAIT_S = 180.0
+"""How long ``useradd``/``userdel`` wait for the user database another process holds (another session's
+tests, or this session's other worker, adding or removing its own user at the same moment)."""
+
+
+def _user_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``useradd``/``userdel``, run again while the user database is locked by another process: shadow's
+    tools wait some seconds for its lock (``lckpwdf``), then give up with "cannot lock ...; try again later"
+    (seen with both workers' and other sessions' users made and removed at once on a loaded host)."""
+    deadline = time.monotonic() + USER_DB_WAIT_S
+    while True:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if "cannot lock" not in done.stderr or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)  # the holder is another process: nothing to wait on but the lock itself
+
+
 def make_user(expose: Sequence[str] = ()) -> HostUser:
     name = f"aletest{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name], check=True, capture_output=True
-    )
+    added = _user_command(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name])
+    if added.returncode != 0:
+        raise AssertionError(f"useradd {name}: exit {added.returncode}: {added.stderr.strip()}")
     entry = pwd.getpwnam(name)
     return HostUser(
         name=name,
@@ -189,7 +206,7 @@ def remove_user(user: HostUser) -> list[str]:
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             except OSError as exc:
                 problems.append(f"{entry}: {exc}")
-    done = subprocess.run(["userdel", "--remove", user.name], capture_output=True, text=True, check=False)
+    done = _user_command(["userdel", "--remove", user.name])
     # userdel warns (exit 12) when the user had no mail spool: not a failure here.
     if done.returncode not in (0, 12):
         problems.append(f"userdel {user.name}: {done.stderr.strip()}")
