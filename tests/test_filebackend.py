@@ -2,13 +2,17 @@
 
 Every backend here is made by the real CLI (marker stacks, no sandbox); the tearing copies what fileblob
 leaves when a write is killed between its steps (temp file, sidecar, rename; see ``ale_iac.filebackend``).
+The tests that start from one stack updated twice tear a copy of one backend the CLI wrote once for the
+module (``two_versions``): its files, byte for byte, in the test's own home.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,11 +35,38 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.{time.time_ns():x}.tmp")
 
 
+STACK = "fb"
+
+
 def _two_versions(engine: Engine, tmp_path: Path, stack: str) -> Path:
     """A stack written by two updates: the second one's content (``two``) is the checkpoint."""
     engine.up(stack, marker_program(str(tmp_path / f"{stack}.txt"), "one"))
     engine.up(stack, marker_program(str(tmp_path / f"{stack}.txt"), "two"))
     return _checkpoint(engine, stack)
+
+
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An ale-iac home whose backend holds stack ``fb``, written by two updates of the real CLI (``two`` is
+    the checkpoint). Made once for the module; tests tear copies of it (:func:`_copy_of`)."""
+    home = tmp_path_factory.mktemp("fb-two-versions")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ALE_IAC_HOME", str(home))
+        env.delenv("PULUMI_BACKEND_URL", raising=False)
+        env.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
+        with Engine() as engine:
+            _two_versions(engine, home, STACK)
+    yield home
+
+
+def _copy_of(template: Path) -> tuple[Engine, Path]:
+    """The template's backend and passphrase copied into this test's home: an engine on it, and the
+    checkpoint of ``fb``."""
+    engine = Engine()
+    assert engine.state_root is not None and not any(engine.state_root.iterdir())
+    shutil.copytree(template / "state", engine.state_root, symlinks=True, dirs_exist_ok=True)
+    shutil.copy2(template / "passphrase", engine.passphrase_file)
+    return engine, _checkpoint(engine, STACK)
 
 
 def _repair(engine: Engine) -> list[filebackend.Damage]:
@@ -46,47 +77,45 @@ def _repair(engine: Engine) -> list[filebackend.Damage]:
     return done
 
 
-def test_a_write_killed_while_it_committed_is_finished(tmp_path: Path) -> None:
+def test_a_write_killed_while_it_committed_is_finished(tmp_path: Path, two_versions: Path) -> None:
     """Killed after the sidecar was truncated, before the rename: an empty ``.attrs``, the old checkpoint, and
     the complete new one in a temp file. Every CLI read fails (``error: EOF``) until the write is finished."""
-    engine = Engine()
-    checkpoint = _two_versions(engine, tmp_path, "fb-torn")
+    engine, checkpoint = _copy_of(two_versions)
     engine.up("fb-intact", marker_program(str(tmp_path / "intact.txt"), "x"))
     _temp_name(checkpoint).write_bytes(checkpoint.read_bytes())
     checkpoint.write_bytes(Path(f"{checkpoint}.bak").read_bytes())
     Path(f"{checkpoint}.attrs").write_bytes(b"")
     with pytest.raises(StackOperationError, match="EOF"):
-        engine.outputs("fb-torn")
+        engine.outputs(STACK)
 
     assert [s.name for s in engine.list_stacks()] == ["fb-intact"]  # the CLI's listing fails: the readable ones
     done = _repair(engine)
-    assert [(d.path.name, d.stack) for d in done] == [("fb-torn.json.attrs", "fb-torn")]
-    assert "empty sidecar of fb-torn.json" in done[0].problem and "finish that write" in done[0].remedy
-    assert engine.outputs("fb-torn")["secret"] == "s3cr3t-two"  # the newer version, committed
-    assert sorted(s.name for s in engine.list_stacks()) == ["fb-intact", "fb-torn"]
+    assert [(d.path.name, d.stack) for d in done] == [("fb.json.attrs", STACK)]
+    assert "empty sidecar of fb.json" in done[0].problem and "finish that write" in done[0].remedy
+    assert engine.outputs(STACK)["secret"] == "s3cr3t-two"  # the newer version, committed
+    assert sorted(s.name for s in engine.list_stacks()) == [STACK, "fb-intact"]
     assert list(checkpoint.parent.glob("*.tmp")) == []
     found = engine.scan_state()
     assert found is not None and found.damage == []
 
 
-def test_a_truncated_checkpoint_is_restored_from_the_newest_earlier_version(tmp_path: Path) -> None:
-    engine = Engine()
-    checkpoint = _two_versions(engine, tmp_path, "fb-cut")
+def test_a_truncated_checkpoint_is_restored_from_the_newest_earlier_version(two_versions: Path) -> None:
+    engine, checkpoint = _copy_of(two_versions)
     whole = checkpoint.read_bytes()
     checkpoint.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(StackOperationError, match="unexpected end of JSON input"):
-        engine.outputs("fb-cut")
+        engine.outputs(STACK)
 
     found = engine.scan_state()
-    assert found is not None and found.repairable == ["fb-cut"] and found.readable == []
+    assert found is not None and found.repairable == [STACK] and found.readable == []
     done = _repair(engine)
     assert [d.path for d in done] == [checkpoint]
     assert "unreadable checkpoint JSON" in done[0].problem and "backups/" in done[0].remedy
     # backups/ keeps each update's end, newer than the .bak (the write before the last): the second update.
-    assert engine.outputs("fb-cut")["secret"] == "s3cr3t-two"
-    kept = list((engine.home / "quarantine").glob(f"*/stacks/{PROJECT}/fb-cut.json"))
+    assert engine.outputs(STACK)["secret"] == "s3cr3t-two"
+    kept = list((engine.home / "quarantine").glob(f"*/stacks/{PROJECT}/fb.json"))
     assert [p.read_bytes() for p in kept] == [whole[: len(whole) // 2]]
-    engine.destroy("fb-cut")
+    engine.destroy(STACK)
 
 
 def test_a_gzip_checkpoint_cut_short_is_restored_from_a_gzip_backup(
@@ -108,49 +137,47 @@ def test_a_gzip_checkpoint_cut_short_is_restored_from_a_gzip_backup(
     engine.destroy("fb-gz")
 
 
-def test_a_stack_with_no_readable_version_goes_to_the_quarantine(tmp_path: Path) -> None:
-    engine = Engine()
-    checkpoint = _two_versions(engine, tmp_path, "fb-gone")
+def test_a_stack_with_no_readable_version_goes_to_the_quarantine(two_versions: Path) -> None:
+    engine, checkpoint = _copy_of(two_versions)
     assert engine.state_root is not None
     meta = engine.state_root / ".pulumi"
-    for folder in (meta / "backups" / PROJECT / "fb-gone", meta / "history" / PROJECT / "fb-gone"):
+    for folder in (meta / "backups" / PROJECT / STACK, meta / "history" / PROJECT / STACK):
         for path in folder.glob("*.json"):
             path.write_bytes(b"")
     Path(f"{checkpoint}.bak").write_bytes(b'{"version": 3, "checkp')
     checkpoint.write_bytes(b"")
 
     found = engine.scan_state()
-    assert found is not None and found.lost == ["fb-gone"] and found.repairable == []
+    assert found is not None and found.lost == [STACK] and found.repairable == []
     done = _repair(engine)
     assert [d.path for d in done] == [checkpoint] and done[0].problem.startswith("empty checkpoint")
     assert engine.list_stacks() == []
     quarantined = sorted(p.name for p in (engine.home / "quarantine").glob(f"*/stacks/{PROJECT}/*"))
-    assert quarantined == ["fb-gone.json", "fb-gone.json.attrs", "fb-gone.json.bak", "fb-gone.json.bak.attrs"]
+    assert quarantined == ["fb.json", "fb.json.attrs", "fb.json.bak", "fb.json.bak.attrs"]
 
 
-def test_leftover_temp_files_and_torn_sidecars_of_other_files_are_mended(tmp_path: Path) -> None:
+def test_leftover_temp_files_and_torn_sidecars_of_other_files_are_mended(two_versions: Path) -> None:
     """A write killed before its commit leaves a temp file (the checkpoint stays the old one); an empty
     sidecar of ``meta.yaml`` fails every command, one of a history file ``pulumi stack history``."""
-    engine = Engine()
-    checkpoint = _two_versions(engine, tmp_path, "fb-s")
+    engine, checkpoint = _copy_of(two_versions)
     assert engine.state_root is not None
     meta = engine.state_root / ".pulumi"
     partial = _temp_name(checkpoint)
     partial.write_bytes(checkpoint.read_bytes()[:100])
-    history = sorted((meta / "history" / PROJECT / "fb-s").glob("*.history.json"))[-1]
+    history = sorted((meta / "history" / PROJECT / STACK).glob("*.history.json"))[-1]
     for path in (meta / "meta.yaml", history, Path(f"{checkpoint}.bak")):
         Path(f"{path}.attrs").write_bytes(b"")
     with pytest.raises(StackOperationError, match=r"meta\.yaml.*EOF"):
-        engine.outputs("fb-s")
+        engine.outputs(STACK)
 
     done = _repair(engine)
     assert sorted(d.path.name for d in done) == sorted(
-        [partial.name, "meta.yaml.attrs", f"{history.name}.attrs", "fb-s.json.bak.attrs"]
+        [partial.name, "meta.yaml.attrs", f"{history.name}.attrs", "fb.json.bak.attrs"]
     )
-    assert engine.outputs("fb-s")["secret"] == "s3cr3t-two"
-    assert [e["result"] for e in _history(engine, "fb-s")] == ["succeeded", "succeeded"]
+    assert engine.outputs(STACK)["secret"] == "s3cr3t-two"
+    assert [e["result"] for e in _history(engine, STACK)] == ["succeeded", "succeeded"]
     assert not partial.exists() and list((engine.home / "quarantine").glob(f"*/stacks/{PROJECT}/{partial.name}"))
-    engine.destroy("fb-s")
+    engine.destroy(STACK)
 
 
 def _history(engine: Engine, stack: str) -> list[dict[str, object]]:
@@ -176,12 +203,11 @@ def _history(engine: Engine, stack: str) -> list[dict[str, object]]:
     return entries
 
 
-def test_the_files_of_a_stack_a_live_process_is_writing_are_left_alone(tmp_path: Path) -> None:
+def test_the_files_of_a_stack_a_live_process_is_writing_are_left_alone(two_versions: Path) -> None:
     """Mid-write, every file looks torn for a moment: a stack whose lock a live process holds is not touched."""
-    engine = Engine()
-    checkpoint = _two_versions(engine, tmp_path, "fb-busy")
+    engine, checkpoint = _copy_of(two_versions)
     assert engine.state_root is not None
-    lock = engine.state_root / ".pulumi" / "locks" / "organization" / PROJECT / "fb-busy" / "held.json"
+    lock = engine.state_root / ".pulumi" / "locks" / "organization" / PROJECT / STACK / "held.json"
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text(json.dumps({"pid": os.getpid(), "username": "t", "hostname": "h", "timestamp": "x"}))
     _temp_name(checkpoint).write_bytes(checkpoint.read_bytes()[:10])
@@ -191,7 +217,7 @@ def test_the_files_of_a_stack_a_live_process_is_writing_are_left_alone(tmp_path:
     assert found is not None and found.damage == [] and found.readable == []
     lock.unlink()
     found = engine.scan_state()
-    assert found is not None and {d.stack for d in found.damage} == {"fb-busy"} and len(found.damage) == 2
+    assert found is not None and {d.stack for d in found.damage} == {STACK} and len(found.damage) == 2
 
 
 def test_a_temp_file_in_a_lock_folder_is_a_lock_that_recovery_releases(tmp_path: Path) -> None:
