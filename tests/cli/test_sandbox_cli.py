@@ -20,6 +20,8 @@ from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.cli import ale_iac
 
 
+@pytest.mark.sandbox
+@pytest.mark.engine
 def test_create_use_list_and_destroy_a_sandbox() -> None:
     created = ale_iac("sandbox", "create", "--profile", "local", "--json")
     assert created.returncode == 0, created.stderr
@@ -74,6 +76,8 @@ def test_a_bad_experiment_gives_one_clear_error_and_creates_nothing(tmp_path: Pa
     assert Engine().list_stacks() == [] and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.sandbox
+@pytest.mark.engine
 def test_doctor_reports_the_toolchain_and_says_local_can_run() -> None:
     result = ale_iac("doctor", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
