@@ -43,7 +43,7 @@ from ale_iac.substrates.local.isolation import LocalIsolation
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
 from ale_iac.substrates.relay import unix_connector
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
-from tests.support.rootless import HostUser
+from tests.support.rootless import HostUser, user_command
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
@@ -569,7 +569,8 @@ def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest)
 def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest) -> None:
     applies(sut, isolation.OTHER_USER)
     user = f"aleprobe{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    added = user_command(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user])
+    assert added.returncode == 0, added.stderr
     try:
         script = textwrap.dedent(
             f"""
@@ -605,7 +606,7 @@ def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest
         assert outcome.pop("cmd") == 401, outcome
         assert all(value == 13 for value in outcome.values()), outcome  # EACCES on every state folder
     finally:
-        subprocess.run(["userdel", user], check=False, capture_output=True)
+        user_command(["userdel", user])
 
 
 # --- limits --------------------------------------------------------------------------------------------

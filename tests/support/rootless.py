@@ -156,7 +156,7 @@ USER_DB_WAIT_S = 180.0
 tests, or this session's other worker, adding or removing its own user at the same moment)."""
 
 
-def _user_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def user_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """``useradd``/``userdel``, run again while the user database is locked by another process: shadow's
     tools wait some seconds for its lock (``lckpwdf``), then give up with "cannot lock ...; try again later"
     (seen with both workers' and other sessions' users made and removed at once on a loaded host)."""
@@ -170,7 +170,7 @@ def _user_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def make_user(expose: Sequence[str] = ()) -> HostUser:
     name = f"aletest{secrets.token_hex(3)}"
-    added = _user_command(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name])
+    added = user_command(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name])
     if added.returncode != 0:
         raise AssertionError(f"useradd {name}: exit {added.returncode}: {added.stderr.strip()}")
     entry = pwd.getpwnam(name)
@@ -206,7 +206,7 @@ def remove_user(user: HostUser) -> list[str]:
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             except OSError as exc:
                 problems.append(f"{entry}: {exc}")
-    done = _user_command(["userdel", "--remove", user.name])
+    done = user_command(["userdel", "--remove", user.name])
     # userdel warns (exit 12) when the user had no mail spool: not a failure here.
     if done.returncode not in (0, 12):
         problems.append(f"userdel {user.name}: {done.stderr.strip()}")
