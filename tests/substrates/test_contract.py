@@ -3,7 +3,6 @@ package asks the registry, never a particular substrate."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any, get_args
 
@@ -23,6 +22,7 @@ from ale_iac.substrates.base import (
     UnitState,
     require,
 )
+from tests.support.source_scan import scan
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ale_iac"
 NAMES = registry.names()
@@ -131,31 +131,22 @@ def _outside_substrates() -> list[Path]:
 
 def test_no_module_outside_the_substrates_imports_a_particular_one() -> None:
     particular = tuple(f"ale_iac.substrates.{name}" for name in NAMES)
-    found = []
-    for path in _outside_substrates():
-        for node in ast.walk(ast.parse(path.read_text())):
-            modules = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            found += [f"{path}: {m}" for m in modules if m == particular or m.startswith(particular)]
+    found = [
+        f"{path}: {module}"
+        for path, source in scan(_outside_substrates()).items()
+        for module in [*source.imports, *source.from_names]
+        if module in particular or module.startswith(tuple(f"{p}." for p in particular))
+    ]
     assert found == []
 
 
 def test_no_code_outside_the_substrates_branches_on_a_substrate_s_name() -> None:
     """``unit.provider == "docker"``, ``handle.transport != "qemu"``, ``provider in ("local", ...)``: the
     registry answers these questions."""
-    found = []
-    for path in _outside_substrates():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            about_kind = any(isinstance(s, ast.Attribute) and s.attr in ("provider", "transport") for s in sides)
-            names = {
-                c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant) and isinstance(c.value, str)
-            }
-            if about_kind and names & set(NAMES):
-                found.append(f"{path}:{node.lineno}")
+    found = [
+        f"{path}:{compare.line}"
+        for path, source in scan(_outside_substrates()).items()
+        for compare in source.compares
+        if {"provider", "transport"} & set(compare.attributes) and set(NAMES) & set(compare.strings)
+    ]
     assert found == []
