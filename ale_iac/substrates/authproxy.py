@@ -137,7 +137,8 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limi
             left -= len(chunk)
 
 
-async def _close(writer: asyncio.StreamWriter | None) -> None:
+async def close_writer(writer: asyncio.StreamWriter | None) -> None:
+    """Close a stream, ignoring a peer that is already gone (shared with the relay and the model channel)."""
     if writer is None:
         return
     with contextlib.suppress(Exception):
@@ -229,7 +230,7 @@ class _Connection:
         except (ConnectionError, OSError):
             pass
         finally:
-            await _close(self.client_w)  # ends the request side too
+            await close_writer(self.client_w)  # ends the request side too
 
     async def _finish(self) -> None:
         """The client is done sending: let the server finish what it answers, then close both."""
@@ -239,12 +240,13 @@ class _Connection:
                     self.upstream_w.write_eof()
             with contextlib.suppress(Exception):
                 await self.responses
-        await _close(self.upstream_w)
-        await _close(self.client_w)
+        await close_writer(self.upstream_w)
+        await close_writer(self.client_w)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until EOF, then half-close: the other direction may still be answering."""
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until EOF, then half-close: the other direction may still be answering (shared with the relay and
+    the model channel; this module stays standard-library only, as it is copied into units)."""
     try:
         while chunk := await reader.read(COPY_CHUNK):
             writer.write(chunk)
@@ -311,7 +313,7 @@ class _ModelChannel:
         if not watch.cancelled():  # the host closed (or spoke) as it was taken: the agent tries another
             finished.set_result(False)
             return
-        await asyncio.gather(_pipe(agent[0], writer), _pipe(reader, agent[1]))
+        await asyncio.gather(pipe(agent[0], writer), pipe(reader, agent[1]))
         finished.set_result(True)
 
     async def take(self) -> _Parked | None:
@@ -339,7 +341,7 @@ class _ModelChannel:
                 if await finished:
                     return
         finally:
-            await _close(writer)
+            await close_writer(writer)
 
 
 class AuthProxy:

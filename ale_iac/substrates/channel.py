@@ -37,7 +37,6 @@ POOL: Final = 4
 HANDSHAKE_TIMEOUT_S: Final = 15.0
 REOPEN_DELAYS_S: Final = (0.0, 0.2, 0.5, 1.0)
 """Waits before each attempt to replace a lost idle connection; when all fail, the unit is taken for gone."""
-COPY_CHUNK: Final = 256 * 1024
 
 
 class ModelChannelError(AleIacError):
@@ -104,7 +103,7 @@ class ModelChannel:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for writer in list(self._writers):
-            await _close(writer)
+            await authproxy.close_writer(writer)
         self._writers.clear()
         self.idle = 0
         self.closed.set()
@@ -150,7 +149,7 @@ class ModelChannel:
 
     async def _drop(self, writer: asyncio.StreamWriter) -> None:
         self._writers.discard(writer)
-        await _close(writer)
+        await authproxy.close_writer(writer)
 
     async def _replace(self) -> None:
         """Open one idle connection, retrying a little; when it cannot be done, the unit is gone."""
@@ -169,7 +168,7 @@ class ModelChannel:
     async def _wait_idle(self, unit: Streams) -> None:
         """Wait for the unit to use this connection; then carry it (and open a replacement)."""
         try:
-            first = await unit[0].read(COPY_CHUNK)
+            first = await unit[0].read(authproxy.COPY_CHUNK)
         except (ConnectionError, OSError):
             first = b""
         self.idle -= 1
@@ -191,30 +190,10 @@ class ModelChannel:
         self.carried += 1
         try:
             gateway[1].write(first)
-            await asyncio.gather(_pipe(unit[0], gateway[1]), _pipe(gateway[0], unit[1]))
+            await asyncio.gather(authproxy.pipe(unit[0], gateway[1]), authproxy.pipe(gateway[0], unit[1]))
         finally:
             await self._drop(gateway[1])
             await self._drop(unit[1])
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until EOF, then half-close: the other direction may still be answering."""
-    try:
-        while chunk := await reader.read(COPY_CHUNK):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            if writer.can_write_eof():
-                writer.write_eof()
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
-        await writer.wait_closed()
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:

@@ -11,14 +11,11 @@ connections the host opens, ``substrates.channel``.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Final
 
 from ale_iac.files import unix_address
-
-COPY_CHUNK: Final = 256 * 1024
+from ale_iac.substrates.authproxy import close_writer, pipe
 
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -31,34 +28,15 @@ def unix_connector(path: str) -> Connector:
     return connect
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await reader.read(COPY_CHUNK):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(OSError, RuntimeError):
-            if writer.can_write_eof():
-                writer.write_eof()  # half-close: the other direction may still be answering
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
-        await writer.wait_closed()
-
-
 async def join(
     a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
 ) -> None:
     """Copy both ways between two connections until both directions have ended; then close both."""
     try:
-        await asyncio.gather(_pump(a[0], b[1]), _pump(b[0], a[1]))
+        await asyncio.gather(pipe(a[0], b[1]), pipe(b[0], a[1]))
     finally:
-        await _close(a[1])
-        await _close(b[1])
+        await close_writer(a[1])
+        await close_writer(b[1])
 
 
 async def serve_relay(listener: socket.socket, connect: Connector) -> None:
@@ -69,7 +47,7 @@ async def serve_relay(listener: socket.socket, connect: Connector) -> None:
         try:
             upstream = await connect()
         except OSError:
-            await _close(writer)
+            await close_writer(writer)
             return
         await join((reader, writer), upstream)
 
