@@ -11,6 +11,11 @@ from ale_iac.substrates import isolation
 from ale_iac.substrates.local import sandboxes
 from ale_iac.substrates.local.sandboxes import LocalSandboxState
 
+NOT_APPLICABLE = {
+    isolation.HOST_PROCESS_CONFINED: "no host process stands for the unit: every process of it runs inside its "
+    "namespaces",
+}
+
 
 class LocalIsolation:
     """``owner``: the host user that started the sandbox (its state folders are that user's)."""
@@ -36,6 +41,4 @@ class LocalIsolation:
 
     def not_applicable(self, check: str) -> str | None:
         isolation.unknown_check(check)
-        if check == isolation.HOST_PROCESS_CONFINED:
-            return "no host process stands for the unit: every process of it runs inside its namespaces"
-        return None
+        return NOT_APPLICABLE.get(check)
