@@ -108,3 +108,4 @@ image_tag  # unused variable (ale_iac/substrates/docker/substrate.py)
 # read from the state and outputs of local units made before the model channel went through the endpoint
 host_socket  # unused variable (ale_iac/contract.py)
 gateway_socket  # unused variable (ale_iac/substrates/local/runtime.py, substrate.py)
+pytest_generate_tests  # unused function (tests/substrates/test_isolation.py: a pytest hook)
