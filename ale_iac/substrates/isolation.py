@@ -4,7 +4,7 @@ The suite (``tests/substrates/test_isolation.py``) probes a running unit from th
 would, and checks the host's side of each wall through an :class:`IsolationProbe`: one class per substrate
 (``ale_iac/substrates/<kind>/isolation.py``), built from the unit's state object. A check that does not mean
 anything on a substrate is not silently left out: the probe's :meth:`IsolationProbe.not_applicable` names
-the reason, and the suite skips the check with it.
+the reason (each probe module's ``NOT_APPLICABLE``), and the suite collects the check only where it applies.
 
 :data:`CHECKS` names every check of the suite; ``docs/isolation.md`` has one row per check.
 """
