@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from ale_iac.files import unix_address
 from ale_iac.substrates.authproxy import close_writer, pipe
@@ -56,10 +57,22 @@ async def serve_relay(listener: socket.socket, connect: Connector) -> None:
         await server.serve_forever()
 
 
+IP_FREEBIND: Final = 15
+"""``<linux/in.h>``: bind to an address the namespace may not have (yet); Python 3.11's ``socket`` lacks it."""
+
+
 def loopback_listener(port: int = 0) -> socket.socket:
-    """A non-blocking TCP listener on 127.0.0.1, made in the calling thread's network namespace."""
+    """A non-blocking TCP listener on 127.0.0.1, made in the calling thread's network namespace.
+
+    Bound with ``IP_FREEBIND``: a local sandbox's listener is made as soon as bubblewrap reports the
+    sandbox's pid, while bubblewrap may still be configuring the namespace's ``lo``. In that window the
+    namespace's local routing table can exist without a route for 127.0.0.1, and a plain bind fails with
+    EADDRNOTAVAIL (seen under load). The bind does not need the address to exist; connections reach the
+    listener once ``lo`` is up, as they could only then anyway.
+    """
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
     listener.setblocking(False)
