@@ -44,6 +44,8 @@ quiet() {
   echo >&2; echo "[setup] failed (exit $code): $*" >&2; tail -n 40 "$out" >&2; rm -f "$out"
   return "$code"
 }
+# apt-get waits for another package manager's lock (a second setup, unattended-upgrades) instead of failing at once.
+APT=(apt-get -o DPkg::Lock::Timeout=600)
 done_step() {
   local ms=$(( ($(date +%s%N) - STEP_T) / 1000000 ))
   printf '%s (%d.%01d s)\n' "${1:-done}" $((ms / 1000)) $((ms % 1000 / 100)) >&2
@@ -63,8 +65,8 @@ if ((${#missing[@]})); then
     echo >&2; echo "[setup] missing Debian packages: ${missing[*]} (run as root, or install them)" >&2; exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  quiet apt-get update -qq
-  quiet apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  quiet "${APT[@]}" update -qq
+  quiet "${APT[@]}" install -y -qq --no-install-recommends "${missing[@]}"
   done_step "installed ${#missing[@]}"
 else
   done_step "present"
@@ -81,8 +83,8 @@ elif [[ $(id -u) -ne 0 ]]; then
   echo >&2; echo "[setup] the Docker engine is missing: run as root, or apt-get install docker.io" >&2; exit 1
 else
   export DEBIAN_FRONTEND=noninteractive
-  quiet apt-get update -qq
-  quiet apt-get install -y -qq --no-install-recommends docker.io
+  quiet "${APT[@]}" update -qq
+  quiet "${APT[@]}" install -y -qq --no-install-recommends docker.io
   done_step "installed docker.io"
 fi
 
