@@ -19,6 +19,7 @@ The preset's ``settings`` (all optional)::
 
     max_turns: 50             # --max-turns; none by default
     max_retries: 0            # CLAUDE_CODE_MAX_RETRIES: API retries (the CLI's default is 10, with backoff)
+    bridge_startup_s: 60      # MCP_TIMEOUT: how long the CLI waits for each MCP bridge to start
     native_tools: [Bash, Read, Write, Edit]   # built-in tools kept inside the sandbox
     extra_args: []            # appended to the command line (before the prompt)
 """
@@ -67,6 +68,13 @@ class ClaudeCodeSettings(BaseModel):
 
     max_turns: int | None = Field(default=None, gt=0, description="--max-turns (agentic turns); none by default.")
     max_retries: int = Field(default=0, ge=0, le=10, description="CLAUDE_CODE_MAX_RETRIES: API retries.")
+    bridge_startup_s: int = Field(
+        default=60,
+        ge=10,
+        le=60,
+        description="MCP_TIMEOUT: how long the CLI waits for each MCP bridge to start (the CLI caps it at 60 s). "
+        "A bridge is a Python process whose imports take tens of seconds on a loaded host.",
+    )
     native_tools: list[str] = Field(
         default_factory=lambda: ["Bash", "Read", "Write", "Edit"],
         description="Built-in tools the agent keeps where it runs inside the sandbox (all allowed).",
@@ -185,6 +193,7 @@ class ClaudeCodeDeployer(BaseAgentDeployer):
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_MAX_RETRIES": str(self.settings.max_retries),
             "ENABLE_TOOL_SEARCH": "false",  # MCP tools offered directly, not deferred behind ToolSearch
+            "MCP_TIMEOUT": str(self.settings.bridge_startup_s * 1000),
         }
 
     async def launch(self, prompt: str) -> AgentRunResult:

@@ -20,6 +20,7 @@ dir under ``codex/``; its transcript (``--json``) is the log ``codex/transcript.
 The preset's ``settings`` (all optional)::
 
     max_retries: 0            # request_max_retries and stream_max_retries of the model provider
+    bridge_startup_s: 120     # startup_timeout_sec of each MCP bridge (Codex's own default is shorter)
     extra_args: []            # appended to the `codex exec` command line (before the prompt)
 """
 
@@ -70,6 +71,13 @@ class CodexSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_retries: int = Field(default=0, ge=0, le=10, description="request_max_retries and stream_max_retries.")
+    bridge_startup_s: int = Field(
+        default=120,
+        ge=10,
+        le=600,
+        description="startup_timeout_sec of each MCP bridge: a bridge is a Python process whose imports take "
+        "tens of seconds on a loaded host, longer than Codex waits by default.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="More `codex exec` arguments, before the prompt.")
 
 
@@ -145,6 +153,7 @@ def config_toml(
                     "args": launch.args,
                     "env": env[kind],
                     "required": True,  # wait for the bridge before the first model request
+                    "startup_timeout_sec": settings.bridge_startup_s,
                     "default_tools_approval_mode": "approve",  # exec has nobody to ask
                 },
             )

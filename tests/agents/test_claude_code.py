@@ -77,6 +77,7 @@ def test_preset_validates_and_bad_ones_name_the_field() -> None:
         ({"model": None}, "model"),
         ({"model": {"name": "gpt-5", "api": "openai"}}, "model.api"),
         ({"settings": {"max_turns": 0}}, "settings.max_turns"),
+        ({"settings": {"bridge_startup_s": 61}}, "settings.bridge_startup_s"),
         ({"settings": {"retries": 3}}, "settings.retries"),
         ({"settings": {"native_tools": ["Bash", "rm -rf"]}}, "settings.native_tools"),
     ]
@@ -144,6 +145,7 @@ def test_install_writes_the_mcp_config_and_the_command_line(
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["CLAUDE_CODE_MAX_RETRIES"] == "2"  # the preset's
     assert env["ENABLE_TOOL_SEARCH"] == "false"
+    assert env["MCP_TIMEOUT"] == "60000"  # the CLI's most: a loaded host's bridge takes tens of seconds
     assert env["HOME"] == str(work / "claude-code" / "home")
     assert env["XDG_RUNTIME_DIR"] == env["CLAUDE_CODE_TMPDIR"] == str(run_dir)
 

@@ -80,6 +80,7 @@ def test_preset_validates_and_bad_ones_name_the_field() -> None:
         ({"model": None}, "model"),
         ({"model": {"name": "claude", "api": "anthropic"}}, "model.api"),
         ({"settings": {"max_retries": -1}}, "settings.max_retries"),
+        ({"settings": {"bridge_startup_s": 5}}, "settings.bridge_startup_s"),
         ({"settings": {"sandbox": "off"}}, "settings.sandbox"),
     ]
     for overrides, field in cases:
@@ -132,6 +133,7 @@ def test_install_writes_config_toml_and_the_command_line(
     for kind, server in servers.items():
         assert server["args"][-4:] == ["mcp", kind, "--endpoint", "http://127.0.0.1:9"]
         assert server["required"] is True and server["default_tools_approval_mode"] == "approve"
+        assert server["startup_timeout_sec"] == 120  # longer than Codex's own wait: a loaded host's bridge
         # The endpoint's token reaches the bridge through a private file, never in this (recorded) config.
         assert "ALE_IAC_ENDPOINT_TOKEN" not in server["env"]
         assert Path(server["env"]["ALE_IAC_ENDPOINT_TOKEN_FILE"]).read_text() == "sandbox-token"

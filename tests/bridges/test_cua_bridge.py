@@ -93,8 +93,9 @@ def cell(window: Window, col: float, row: float, cols: int = 60, rows: int = 8) 
     return window.x + 2 + (col + 0.5) * width, window.y + 2 + (row + 0.5) * height
 
 
-def primary(vm: Bridge) -> str:
-    return sh(vm, "xclip -o -selection primary 2>/dev/null || true")
+def primary(vm: Bridge, expected: str) -> str:
+    """The PRIMARY selection once it is ``expected``, or what it is when the wait gives up."""
+    return sh(vm, desktop.wait_primary(expected))
 
 
 def test_tools_match_the_seed(cua_bridge: Bridge) -> None:
@@ -182,19 +183,19 @@ def test_drag_double_and_triple_click_select_text(
     assert cua_bridge.text("drag", coordinate=end, start_coordinate=start) == (
         f"Dragged (left) from {label(start)} to {label(end)}"
     )
-    assert primary(vm_bridge) == "dragged-line"
+    assert primary(vm_bridge, "dragged-line") == "dragged-line"
     separate_gestures(cua_bridge)
     word = norm(cell(window, 13, 1), screen)  # inside "words"
     assert cua_bridge.text("click", coordinate=word, clicks=2) == f"Clicked (left, 2x) at {label(word)}"
-    assert primary(vm_bridge) == "words"
+    assert primary(vm_bridge, "words") == "words"
     separate_gestures(cua_bridge)
     assert cua_bridge.text("click", coordinate=word, clicks=3) == f"Clicked (left, 3x) at {label(word)}"
-    assert primary(vm_bridge).rstrip("\n") == "second line words here"
+    assert primary(vm_bridge, "second line words here").rstrip("\n") == "second line words here"
     separate_gestures(cua_bridge)
     cua_bridge.text("mouse_move", coordinate=start)
     until = norm(cell(window, 6, 0), screen)  # xterm selects up to the cell under the pointer
     assert cua_bridge.text("drag", coordinate=until) == f"Dragged (left) from current to {label(until)}"
-    assert primary(vm_bridge) == "dragge"
+    assert primary(vm_bridge, "dragge") == "dragge"
 
 
 def test_mouse_down_up_and_middle_click_paste(
@@ -206,7 +207,7 @@ def test_mouse_down_up_and_middle_click_paste(
     assert cua_bridge.text("mouse_down") == "Mouse down: left"
     cua_bridge.text("mouse_move", coordinate=norm(cell(window, 14, 0), screen))
     assert cua_bridge.text("mouse_up", button="left") == "Mouse up: left"
-    assert primary(vm_bridge) == "held-selection"
+    assert primary(vm_bridge, "held-selection") == "held-selection"
     separate_gestures(cua_bridge)
     at = norm(cell(window, 2, 2), screen)
     assert cua_bridge.text("click", coordinate=at, button="middle") == f"Clicked (middle, 1x) at {label(at)}"

@@ -113,17 +113,25 @@ def test_clipboard_roundtrip(vm_bridge: Bridge) -> None:
     assert vm_bridge.text("read_clipboard") == other
 
 
+PTY_TAG = re.compile(r"\[(?:running|exited, code -?\d+)\]\Z")
+
+
 def read_pty_until(vm: Bridge, pid: int, pattern: str, timeout: float = 15) -> str:
-    out = ""
+    """The output of ``pty_read`` calls until ``pattern`` is seen, then the last call's tag.
+
+    Each read ends with its tag (``[running]`` or ``[exited, code N]``); a read can come back with no output
+    at all, so the tags of the reads before the last are taken out, or they would split the output."""
+    output, tag = "", ""
     deadline = time.monotonic() + timeout
-    while not re.search(pattern, out):
-        assert time.monotonic() < deadline, f"{pattern!r} not seen in {out!r}"
+    while not re.search(pattern, output + tag):
+        assert time.monotonic() < deadline, f"{pattern!r} not seen in {output + tag!r}"
         chunk = vm.text("pty_read", pid=pid, timeout_ms=1000)
-        assert chunk.endswith(("[running]", "]")), chunk
-        out += chunk
-        if "[exited, code" in chunk:
+        end = PTY_TAG.search(chunk)
+        assert end, chunk
+        output, tag = output + chunk[: end.start()], end.group()
+        if tag.startswith("[exited"):
             break
-    return out
+    return output + tag
 
 
 def test_pty_runs_an_interactive_program_that_exits_with_a_code(vm_bridge: Bridge) -> None:

@@ -84,6 +84,16 @@ def wait_file(path: str, timeout: float = 10) -> str:
     return f"timeout {timeout} sh -c 'until [ -s {quoted} ]; do sleep 0.02; done'; cat {quoted}"
 
 
+def wait_primary(expected: str, timeout: float = 10) -> str:
+    """Wait until the PRIMARY selection is ``expected`` (trailing newlines aside), then print it either way.
+
+    xterm takes the selection when it handles the button release, which on a loaded host can come after
+    the bridge's call has returned."""
+    read = "xclip -o -selection primary 2>/dev/null"
+    until = f'until [ "$({read})" = {shlex.quote(expected)} ]; do sleep 0.02; done'
+    return f"timeout {timeout} sh -c {shlex.quote(until)}; {read}; true"
+
+
 def close_window(wid: str, timeout: float = 10) -> str:
     """Kill the window's client and wait until the window is gone, so the next test's searches do
     not meet it half torn down."""
