@@ -109,8 +109,8 @@ def vm_dir(unit_dir: Path) -> Path:
 
 def qemu_uid(unit_dir: Path) -> int:
     """The host id QEMU of ``unit_dir`` runs as (uid and gid): one of ``QEMU_UID_SLOTS``, chosen by the folder,
-    so that units are different host users (two that share a slot are still apart by their 0700 folders'
-    parents, each root's)."""
+    so that units are mostly different host users. Two that share a slot (about 1 pair in 65536) are still apart
+    on the file system, each ``vm/`` being inside a root-only folder, but not for signals between them."""
     digest = hashlib.sha256(str(unit_dir).encode()).digest()
     return QEMU_UID_START + int.from_bytes(digest[:4], "big") % QEMU_UID_SLOTS
 
