@@ -33,6 +33,7 @@ OTHER_USER: Final = "another-host-user-cannot-drive-it"
 TASKS_BOUNDED: Final = "tasks-bounded"
 CGROUPS_OUT_OF_REACH: Final = "cgroups-out-of-reach"
 HOST_PROCESS_CONFINED: Final = "host-process-confined"
+HOST_PROCESS_UNPRIVILEGED: Final = "host-process-unprivileged"
 
 CHECKS: Final = (
     ROOT_UNPRIVILEGED,
@@ -53,6 +54,7 @@ CHECKS: Final = (
     TASKS_BOUNDED,
     CGROUPS_OUT_OF_REACH,
     HOST_PROCESS_CONFINED,
+    HOST_PROCESS_UNPRIVILEGED,
 )
 
 

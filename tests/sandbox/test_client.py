@@ -233,6 +233,43 @@ async def test_mouse_click_focus_and_typed_text_arrive(client: ComputerServerCli
         )
 
 
+class SlowTransport(httpx.AsyncBaseTransport):
+    """Every request held back ``delay`` seconds before it is sent: the round trips of a loaded host, for certain."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await anyio.sleep(self.delay)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.sandbox
+async def test_a_triple_click_is_one_gesture_however_slow_the_requests(
+    client: ComputerServerClient, computer_server_endpoint: Endpoint
+) -> None:
+    """A triple click selects xterm's line even when every request to the server takes longer than xterm's
+    multi-click window (250 ms): the clicks are not one request each, which a loaded host spreads apart."""
+    title = desktop.unique("lines")
+    window = desktop.parse_window(
+        title, await sh(client, desktop.open_xterm(title, "printf 'first\\nsecond line words\\n'; read x"))
+    )
+    try:
+        # What stays in the selection if no line is selected:
+        await sh(client, "printf sentinel | xclip -selection primary >/dev/null 2>&1")
+        width, height = (window.width - 4) / 60, (window.height - 4) / 8  # the xterm is 60x8 cells
+        x, y = round(window.x + 2 + 3.5 * width), round(window.y + 2 + 1.5 * height)  # "second", 4th letter
+        async with computer_server_endpoint.client(transport=SlowTransport(0.3)) as slow:
+            await slow.click(x, y, clicks=3)
+        assert (await sh(client, "xclip -o -selection primary")).rstrip("\n") == "second line words"
+    finally:
+        await client.run_command(desktop.close_window(window.wid))
+
+
 @pytest.mark.sandbox
 async def test_errors_are_one_line_and_name_the_command(client: ComputerServerClient) -> None:
     with pytest.raises(ComputerServerError) as err:

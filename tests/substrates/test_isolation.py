@@ -714,8 +714,12 @@ def test_cgroups_and_cpu_placement_are_out_of_reach(sut: SandboxUnderTest) -> No
 
 @checks(isolation.HOST_PROCESS_CONFINED)
 def test_the_host_process_is_confined(sut: SandboxUnderTest) -> None:
-    """Where a host process stands for the unit (QEMU), it runs under a seccomp filter of its own."""
     applies(sut, isolation.HOST_PROCESS_CONFINED)
+    check_host_process_seccomp(sut)
+
+
+def check_host_process_seccomp(sut: SandboxUnderTest) -> None:
+    """Where a host process stands for the unit (QEMU), every thread of it runs under a seccomp filter."""
     pids = sut.probe.host_pids()
     assert pids, "no host process of the unit"
     for pid in pids:
@@ -723,6 +727,125 @@ def test_the_host_process_is_confined(sut: SandboxUnderTest) -> None:
         assert status_field(status, "Seccomp") == "2", (pid, status)
         for task in os.listdir(f"/proc/{pid}/task"):  # every thread: -sandbox filters them all
             assert status_field(Path(f"/proc/{pid}/task/{task}/status").read_text(), "Seccomp") == "2", task
+
+
+@checks(isolation.HOST_PROCESS_UNPRIVILEGED)
+def test_the_host_process_is_unprivileged(sut: SandboxUnderTest) -> None:
+    applies(sut, isolation.HOST_PROCESS_UNPRIVILEGED)
+    check_host_process_unprivileged(sut)
+
+
+def check_host_process_unprivileged(sut: SandboxUnderTest) -> None:
+    """The host process that stands for the unit (QEMU) is no root: every uid and gid of it non-zero, no
+    supplementary root group, no capability (not even in its bounding set), no_new_privs; and its identity
+    reads none of the host folders kept for the unit (its record, its token)."""
+    pids = sut.probe.host_pids()
+    assert pids, "no host process of the unit"
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        uids, gids = status_field(status, "Uid").split(), status_field(status, "Gid").split()
+        assert "0" not in uids + gids and len(set(uids)) == len(set(gids)) == 1, (pid, uids, gids)
+        assert "0" not in status_field(status, "Groups").split(), (pid, status)
+        for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(status_field(status, field), 16) == 0, (pid, field, status)
+        assert status_field(status, "NoNewPrivs") == "1", (pid, status)
+        reached = _as_host_id(int(uids[0]), int(gids[0]), sut.probe.host_paths())
+        assert all(value == 13 for value in reached.values()), reached  # EACCES on every one
+
+
+def _as_host_id(uid: int, gid: int, paths: list[Path]) -> dict[str, Any]:
+    """What a process of ``uid``/``gid`` (no groups) gets listing each of ``paths``: an errno, or "listed"."""
+    script = textwrap.dedent(
+        f"""
+        import json, os
+        out = {{}}
+        for path in {[str(p) for p in paths]!r}:
+            try:
+                os.listdir(path)
+                out[path] = "listed"
+            except OSError as exc:
+                out[path] = exc.errno
+        print(json.dumps(out))
+        """
+    )
+    done = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "/usr/bin/python3", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    reached: dict[str, Any] = json.loads(done.stdout)
+    assert reached, paths
+    return reached
+
+
+@pytest.mark.qemu
+@pytest.mark.timeout(900)
+def test_the_host_process_checks_fail_on_a_weakened_qemu_unit(
+    desktop_image: ImageInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks of QEMU's identity and of its seccomp filter are not vacuous: on a unit whose launch script
+    runs QEMU as root without its filter (the real script with those two lines undone), each of them fails.
+    Booted cold (``restore=False``): a saved state is keyed by the script, so a weakened one would make its own."""
+    from ale_iac.substrates.qemu import launcher
+    from ale_iac.substrates.qemu import runtime as qemu_runtime
+    from ale_iac.substrates.qemu.disk import ensure_export
+
+    weak = launcher.LAUNCH_SCRIPT.read_text()
+    for strong, weakened in (
+        ("    -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny\n", "\n"),
+        ('exec setpriv --reuid="$uid" --regid="$uid" "$groups" --inh-caps=-all --bounding-set=-all --no-new-privs \\\n'
+         "    -- qemu-system-x86_64", "exec qemu-system-x86_64"),
+    ):  # fmt: skip
+        assert weak.count(strong) == 1, f"launch.sh changed: update the weakening of {strong!r}"
+        weak = weak.replace(strong, weakened)
+    (tmp_path / "launch.sh").write_text(weak)
+    monkeypatch.setattr(launcher, "LAUNCH_SCRIPT", tmp_path / "launch.sh")
+    disk = ensure_export(desktop_image.name)
+    spec = qemu_runtime.QemuSandboxSpec(
+        sandbox_id=new_sandbox_id("weakened"), disk=disk.disk, kernel=disk.kernel, initrd=disk.initrd, restore=False
+    )
+    state = qemu_runtime.start(spec)
+    try:
+        weak_unit = SandboxUnderTest(
+            "qemu", registry.get("qemu").isolation_probe(state), Endpoint(state.endpoint, state.token)
+        )
+        wait_for_status(weak_unit.endpoint)
+        with pytest.raises(AssertionError, match=r"\['0', '0', '0', '0'\]"):  # its uids: root's
+            check_host_process_unprivileged(weak_unit)
+        with pytest.raises(AssertionError, match="assert '0' == '2'"):  # its Seccomp field: no filter
+            check_host_process_seccomp(weak_unit)
+    finally:
+        qemu_runtime.stop(state.sandbox_id)
+
+
+def test_the_nosuid_check_fails_on_a_weakened_local_unit(desktop_image: ImageInfo) -> None:
+    """The check of nosuid on writable mounts is not vacuous. bubblewrap makes every mount of a local sandbox
+    nosuid itself (no option leaves it out), so the weakened unit is a real one into whose mount namespace the
+    host mounts one writable tmpfs without nosuid: the check fails on it."""
+    spec = LocalSandboxSpec(sandbox_id=new_sandbox_id("weakened"), rootfs=str(desktop_image.rootfs), disk_gb=DISK_GB)
+    state = local_runtime.start(spec)
+    try:
+        weak = SandboxUnderTest("local", registry.get("local").isolation_probe(state), Endpoint.of(state))
+        wait_for_status(state)
+        check_writable_mounts_nosuid(weak)  # as started: every writable mount nosuid
+        namespace = sh(weak, "readlink /proc/self/ns/mnt")["stdout"].strip()  # where its commands run
+        inside = [pid for pid in weak.probe.host_pids() if os.readlink(f"/proc/{pid}/ns/mnt") == namespace]
+        assert inside, namespace
+        mounted = subprocess.run(
+            ["nsenter", f"--target={inside[0]}", "--mount", "mount", "-t", "tmpfs", "-o", "rw,size=1m", "weak", "/mnt"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert mounted.returncode == 0, mounted.stderr
+        with pytest.raises(AssertionError, match="'/mnt', 'tmpfs'"):
+            check_writable_mounts_nosuid(weak)
+    finally:
+        local_runtime.stop(state.sandbox_id)
 
 
 @pytest.mark.docker

@@ -9,13 +9,17 @@ from ale_iac.substrates import isolation
 from ale_iac.substrates.docker import walls
 from ale_iac.substrates.docker.runtime import DockerSandboxState
 
+_ENGINE_ONLY = (
+    "no host process stands for the unit but the engine's own (containerd-shim, docker-proxy), which ale-iac "
+    "does not start"
+)
 NOT_APPLICABLE = {
     isolation.HOST_READS_SAFELY: "the host reads a unit's files only through the engine's archive API, which "
     "copies regular files and never follows a link (tests/substrates/docker/test_transport.py)",
     isolation.NETWORK_LOOPBACK_ONLY: "a unit has a network of its own (a published port needs one); "
     "tests/substrates/docker/test_runtime.py checks from inside that nothing of the host or beyond is reached",
-    isolation.HOST_PROCESS_CONFINED: "no host process stands for the unit but the engine's own (containerd-shim, "
-    "docker-proxy), which ale-iac does not start",
+    isolation.HOST_PROCESS_CONFINED: _ENGINE_ONLY,
+    isolation.HOST_PROCESS_UNPRIVILEGED: _ENGINE_ONLY,
 }
 
 

@@ -11,9 +11,10 @@ from ale_iac.substrates import isolation
 from ale_iac.substrates.local import sandboxes
 from ale_iac.substrates.local.sandboxes import LocalSandboxState
 
+_NO_HOST_PROCESS = "no host process stands for the unit: every process of it runs inside its namespaces"
 NOT_APPLICABLE = {
-    isolation.HOST_PROCESS_CONFINED: "no host process stands for the unit: every process of it runs inside its "
-    "namespaces",
+    isolation.HOST_PROCESS_CONFINED: _NO_HOST_PROCESS,
+    isolation.HOST_PROCESS_UNPRIVILEGED: _NO_HOST_PROCESS + " (as an unprivileged host id: root-is-unprivileged)",
 }
 
 

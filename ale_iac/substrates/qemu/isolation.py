@@ -2,7 +2,9 @@
 
 The guest runs a kernel of its own: the boundary is the virtual machine. So the checks of what root inside
 may do to its kernel are the guest's business and do not apply; what applies is what the guest reaches (the
-endpoint, host paths, the network: ``tests/substrates/qemu``) and what the QEMU process may do on the host.
+endpoint, host paths, the network: ``tests/substrates/qemu``) and what the QEMU process may do on the host:
+it runs as the unit's own unprivileged host id with no capability (``host-process-unprivileged``) and under
+its own seccomp filter (``host-process-confined``), so a guest that breaks out of the emulator is that id.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ale_iac.substrates.qemu.runtime import QemuSandboxState
 _GUEST_KERNEL = "the guest runs a kernel of its own, walled off by the virtual machine: "
 NOT_APPLICABLE = {
     isolation.ROOT_UNPRIVILEGED: _GUEST_KERNEL + "root in the guest is root of the guest's kernel only; the QEMU "
-    "process on the host runs as the user that started it (checked by host-process-confined)",
+    "process on the host runs as an unprivileged host id of the unit's own (checked by host-process-unprivileged)",
     isolation.KERNEL_SETTINGS: _GUEST_KERNEL + "the guest's /proc/sys is its own kernel's settings",
     isolation.NO_USERNS_INSIDE: _GUEST_KERNEL + "namespaces made inside are the guest kernel's",
     isolation.SECCOMP: _GUEST_KERNEL + "its system calls never reach the host's; the QEMU process has its own "

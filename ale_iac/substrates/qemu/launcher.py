@@ -3,8 +3,13 @@
 Both packagings run the same script with the same arguments (:func:`launch_args`):
 
 * ``host``: ``/bin/sh launch.sh ...`` in a session of its own; the script execs QEMU, so the recorded pid
-  is QEMU's. Its command line names the unit folder, which is how a pid is recognised as the unit's
-  (:func:`qemu_alive`) and never confused with a recycled one.
+  is QEMU's. Its command line names the unit folder (in ``-name``), which is how a pid is recognised as the
+  unit's (:func:`qemu_alive`) and never confused with a recycled one.
+
+Either way QEMU never runs as root: the script execs it as the unit's own unprivileged host id
+(:func:`qemu_uid`, uid and gid alike), with no capability, ``no_new_privs`` and QEMU's own seccomp filter,
+and it reaches only the unit's ``vm/`` folder (:func:`vm_dir`, that id's own) and the files the script
+opened for it (kernel, initrd, the overlay's backing chain, a saved state).
 * ``container``: ``docker run`` of the runner image (``images/qemu-runner``: Debian with QEMU, built and
   imported locally, nothing pulled) with ``launch.sh`` bind-mounted read-only from this package, the unit
   folder read-write and the disk and saved-state folders read-only, all at their host paths; host network,
@@ -15,6 +20,8 @@ Both packagings run the same script with the same arguments (:func:`launch_args`
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import signal
 import socket
@@ -35,6 +42,11 @@ Runner = Literal["host", "container"]
 RUNNER_KIND = "qemu-runner"
 LABEL = "ale-iac."
 STOP_GRACE_S = 10.0
+VM = "vm"
+QEMU_UID_START = 0x60000000
+"""QEMU's host ids: ``QEMU_UID_START + slot``, above the local substrate's ranges (2^30 .. 2^30 + 2^28) and
+far from any real or ``/etc/subuid`` id."""
+QEMU_UID_SLOTS = 65536
 
 
 class QemuSubstrateError(AleIacError):
@@ -89,13 +101,34 @@ def free_port() -> int:
     return port
 
 
+def vm_dir(unit_dir: Path) -> Path:
+    """What QEMU may write: its overlay, sockets, console log and the guest share; owned by :func:`qemu_uid`.
+    The unit folder around it stays root's (its record, token and QEMU's own log)."""
+    return unit_dir / VM
+
+
+def qemu_uid(unit_dir: Path) -> int:
+    """The host id QEMU of ``unit_dir`` runs as (uid and gid): one of ``QEMU_UID_SLOTS``, chosen by the folder,
+    so that units are mostly different host users. Two that share a slot (about 1 pair in 65536) are still apart
+    on the file system, each ``vm/`` being inside a root-only folder, but not for signals between them."""
+    digest = hashlib.sha256(str(unit_dir).encode()).digest()
+    return QEMU_UID_START + int.from_bytes(digest[:4], "big") % QEMU_UID_SLOTS
+
+
+def name_marker(unit_dir: Path) -> str:
+    """What QEMU's ``-name`` of ``unit_dir`` carries (a comma doubled, as launch.sh writes it)."""
+    return "guest=ale:" + str(unit_dir).replace(",", ",,") + ","
+
+
 def launch_args(unit_dir: Path, machine: Machine, port: int, incoming: Path | None) -> list[str]:
     args = [
         "--unit-dir", str(unit_dir), "--base", str(machine.base), "--kernel", str(machine.kernel),
-        "--initrd", str(machine.initrd), "--port", str(port), "--vcpus", str(machine.vcpus),
-        "--memory-mb", str(machine.memory_mb), "--accel", machine.accel,
+        "--initrd", str(machine.initrd), "--port", str(port), "--uid", str(qemu_uid(unit_dir)),
+        "--vcpus", str(machine.vcpus), "--memory-mb", str(machine.memory_mb), "--accel", machine.accel,
         "--width", str(machine.width), "--height", str(machine.height),
     ]  # fmt: skip
+    for layer in backing_chain(machine.base)[1:]:
+        args += ["--backing", str(layer)]
     if incoming is not None:
         args += ["--incoming", str(incoming)]
     return args
@@ -152,9 +185,8 @@ def _run_container(image: str, unit_dir: Path, machine: Machine, args: list[str]
     for path in {machine.base.parent, machine.kernel.parent, machine.initrd.parent}:
         volumes[str(path)] = {"bind": str(path), **ro}
     # The base of a restored unit is a saved state's overlay, whose own base is the export's disk.
-    backing = _backing_dirs(machine.base)
-    for path in backing:
-        volumes.setdefault(str(path), {"bind": str(path), **ro})
+    for layer in backing_chain(machine.base):
+        volumes.setdefault(str(layer.parent), {"bind": str(layer.parent), **ro})
     # Not ``ale-iac.home``: that label is the docker executor's, whose gc would take these for its own.
     all_labels = {f"{LABEL}kind": RUNNER_KIND, f"{LABEL}qemu-home": home_id(), f"{LABEL}unit-dir": str(unit_dir)}
     all_labels.update({f"{LABEL}{k}": v for k, v in labels.items()})
@@ -182,20 +214,17 @@ def _run_container(image: str, unit_dir: Path, machine: Machine, args: list[str]
         engine.close()
 
 
-def _backing_dirs(disk: Path) -> list[Path]:
-    found: list[Path] = []
+def backing_chain(disk: Path) -> list[Path]:
+    """``disk`` and every image below it, top first (what launch.sh opens for QEMU, in this order)."""
     done = subprocess.run(
         ["qemu-img", "info", "--backing-chain", "--output=json", "-U", str(disk)],
         capture_output=True,
         text=True,
         check=False,
     )
-    if done.returncode == 0:
-        import json
-
-        for layer in json.loads(done.stdout):
-            found.append(Path(layer["filename"]).parent)
-    return found
+    if done.returncode != 0:
+        raise QemuSubstrateError(f"cannot read the backing chain of {disk}: {done.stderr.strip()}")
+    return [Path(layer["filename"]) for layer in json.loads(done.stdout)]
 
 
 def qemu_alive(pid: int | None, unit_dir: Path) -> bool:
@@ -210,7 +239,7 @@ def qemu_alive(pid: int | None, unit_dir: Path) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return any(str(unit_dir) in arg for arg in proc.cmdline())
+        return _names_unit(proc.cmdline(), unit_dir)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
@@ -239,15 +268,21 @@ def alive(launched: Launched, unit_dir: Path) -> bool:
 
 
 def qemu_pids(unit_dir: Path) -> list[int]:
-    """Host processes that run a QEMU of ``unit_dir`` (its overlay is on their command line): the way to
+    """Host processes that run a QEMU of ``unit_dir`` (its ``-name`` names the folder): the way to
     find one whose pid was never recorded (its starter was killed right after starting it)."""
-    overlay = f"file={unit_dir}/disk.qcow2,"
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if any(overlay in arg for arg in proc.info["cmdline"] or []):
+            if _names_unit(proc.info["cmdline"] or [], unit_dir):
                 found.append(int(proc.info["pid"]))
     return found
+
+
+def _names_unit(cmdline: list[str], unit_dir: Path) -> bool:
+    """Whether a command line is a QEMU of ``unit_dir``: its ``-name`` marker, or (a unit started before QEMU
+    ran unprivileged) its overlay in the unit folder itself."""
+    marker, overlay = name_marker(unit_dir), f"file={unit_dir}/disk.qcow2,"
+    return any(marker in arg or overlay in arg for arg in cmdline)
 
 
 def kill(launched: Launched, unit_dir: Path) -> None:
@@ -331,7 +366,7 @@ def remove_container_named(name: str) -> bool:
 def wait_for_sockets(launched: Launched, unit_dir: Path, deadline: float) -> None:
     """Until QEMU listens on its QMP and agent sockets; fails at once if it exits (with its log's tail)."""
     names = ("qmp.sock", "agent.sock")
-    while not all((unit_dir / name).is_socket() for name in names):
+    while not all((vm_dir(unit_dir) / name).is_socket() for name in names):
         if not alive(launched, unit_dir):
             raise QemuSubstrateError(f"QEMU of {unit_dir.name} exited at start: {log_tail(launched, unit_dir)}")
         if time.monotonic() > deadline:

@@ -83,10 +83,20 @@ class Qmp:
         self.execute("qmp_capabilities")
 
     def execute(self, command: str, **arguments: Any) -> Any:
+        return self._execute(command, None, arguments)
+
+    def execute_with_fd(self, command: str, fd: int, **arguments: Any) -> Any:
+        """A command that takes a file descriptor (``getfd``), passed with it over the socket (SCM_RIGHTS)."""
+        return self._execute(command, fd, arguments)
+
+    def _execute(self, command: str, fd: int | None, arguments: dict[str, Any]) -> Any:
         message: dict[str, Any] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
-        self.lines.send(message)
+        if fd is None:
+            self.lines.send(message)
+        else:
+            socket.send_fds(self.lines.sock, [json.dumps(message).encode() + b"\n"], [fd])
         deadline = time.monotonic() + self.timeout
         while True:
             reply = self.lines.read(deadline, f"a reply to {command}")

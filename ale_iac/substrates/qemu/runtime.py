@@ -5,12 +5,14 @@ A unit is one QEMU process (on the host, or in the runner container: :mod:`launc
 ``ale-iac gc`` always find what a crash left:
 
 * ``unit.json``: labels, expiry, runner, port, pid or container, the saved state it came from (no token);
-* ``disk.qcow2``: the disposable overlay, on the saved state's frozen overlay (restored units) or on the
-  qcow2 export itself (cold-booted units);
-* ``qmp.sock`` (QMP), ``agent.sock`` (the guest agent's channel), ``serial.log`` (the guest console);
-* ``share/``: the guest share (9p), mounted in the guest at ``/mnt/ale-share`` (the bulk transport).
+* ``qemu.log``: QEMU's own output;
 * ``token`` (0600), only for a unit remade by a pool reset (:func:`reset`): its token, which :func:`current`
-  reads, because the lease that uses it may be another process than the one that reset it.
+  reads, because the lease that uses it may be another process than the one that reset it;
+* ``vm/`` (0700), the one folder QEMU may write, owned by its unprivileged host id (``launcher.qemu_uid``):
+  ``disk.qcow2``, the disposable overlay, on the saved state's frozen overlay (restored units) or on the
+  qcow2 export itself (cold-booted units); ``qmp.sock`` (QMP), ``agent.sock`` (the guest agent's channel),
+  ``serial.log`` (the guest console); ``share/``, the guest share (9p), mounted in the guest at
+  ``/mnt/ale-share`` (the bulk transport). Nothing the host trusts (the record, the token) is in it.
 
 The endpoint is the guest's authenticating forwarder (the local and docker substrates' ``authproxy``),
 reached through QEMU's one port forward on the host's 127.0.0.1; the guest has user-mode networking with
@@ -57,6 +59,7 @@ from ale_iac.substrates.qemu.launcher import (
     kvm_status,
     launch,
     log_tail,
+    vm_dir,
     wait_for_sockets,
 )
 from ale_iac.substrates.qemu.qmp import AgentChannel, Qmp
@@ -145,7 +148,7 @@ def unit_dir_of(sandbox_id: str, home: Path | None = None) -> Path:
 
 def share_dir(sandbox_id: str, home: Path | None = None) -> Path:
     """The host side of a unit's guest share (``/mnt/ale-share`` in the guest)."""
-    return unit_dir_of(sandbox_id, home) / SHARE
+    return vm_dir(unit_dir_of(sandbox_id, home)) / SHARE
 
 
 def _write_record(unit_dir: Path, record: dict[str, Any]) -> None:
@@ -193,7 +196,7 @@ def _give_identity(sandbox_id: str, unit_dir: Path, launched: Launched, *, resum
         "token": secrets.token_urlsafe(32),
         "share": True,
     }
-    agent = AgentChannel(unit_dir / "agent.sock")
+    agent = AgentChannel(vm_dir(unit_dir) / "agent.sock")
     try:
         if resumed:
             _resume(unit_dir, launched)
@@ -308,7 +311,7 @@ def _resume(unit_dir: Path, launched: Launched) -> None:
     """Wait until the incoming state is loaded (``paused``), then ``cont``. A ``cont`` sent while QEMU is
     still ``inmigrate`` leaves the guest stopped for good."""
     deadline = time.monotonic() + RESTORE_TIMEOUT_S
-    with Qmp(unit_dir / "qmp.sock") as qmp:
+    with Qmp(vm_dir(unit_dir) / "qmp.sock") as qmp:
         while True:
             status = (qmp.execute("query-status") or {}).get("status")
             if status == "paused":

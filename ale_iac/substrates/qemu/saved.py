@@ -3,10 +3,12 @@
 ``ensure_saved_state`` boots a guest from the qcow2 export onto an overlay of its own, waits until its
 agent reports ``waiting`` (the desktop and the computer-server are up, no unit's identity has been given:
 nothing of any unit is in it), then stops it, writes its memory state with QMP ``migrate`` to
-``state.bin`` and exits QEMU. The overlay, frozen from then on (0444), becomes the read-only base of each
-restored unit's own overlay; ``launch.sh --incoming`` loads the state. The folder, named by a hash of its
-key, is renamed into place under a lock; an interrupted save leaves a ``.b-*`` folder (with the pid of
-its QEMU in ``launched.json``) that the next save, or ``ale-iac gc``, removes.
+``state.bin`` (a file this process opens and hands QEMU over QMP: QEMU, unprivileged and barred from
+spawning, neither names nor makes a file) and exits QEMU. The overlay, taken out of QEMU's folder and
+frozen from then on (root's, 0444), becomes the read-only base of each restored unit's own overlay;
+``launch.sh --incoming`` loads the state. The folder, named by a hash of its key, is renamed into place
+under a lock; an interrupted save leaves a ``.b-*`` folder (with the pid of its QEMU in ``launched.json``)
+that the next save, or ``ale-iac gc``, removes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from filelock import FileLock
 from ale_iac.clock import utc_now
 from ale_iac.paths import cache_root
 from ale_iac.substrates.qemu.launcher import (
+    LAUNCH_SCRIPT,
     Launched,
     Machine,
     QemuSubstrateError,
@@ -37,6 +40,7 @@ from ale_iac.substrates.qemu.launcher import (
     free_port,
     kill,
     launch,
+    vm_dir,
     wait_for_sockets,
 )
 from ale_iac.substrates.qemu.qmp import AgentChannel, Qmp
@@ -81,13 +85,21 @@ def _host_qemu_version() -> str:
 
 
 def state_key(machine: Machine, runner: Runner, runner_image: str | None = None) -> str:
-    """What a saved state must match exactly to be restored: the disk, the machine shape, and the QEMU that
-    saved it (the host's version, or the runner image's tag: a state loads only into the same QEMU)."""
+    """What a saved state must match exactly to be restored: the disk, the machine shape, the QEMU that saved
+    it (the host's version, or the runner image's tag: a state loads only into the same QEMU) and the launch
+    script that started it."""
     qemu = f"container:{runner_image}" if runner == "container" else f"host:{_host_qemu_version()}"
     return (
         f"{machine.base}|{machine.kernel}|{machine.initrd}|{machine.accel}|{machine.vcpus}c|"
-        f"{machine.memory_mb}m|{machine.width}x{machine.height}|{qemu}"
+        f"{machine.memory_mb}m|{machine.width}x{machine.height}|{qemu}|launch:{_launch_digest()}"
     )
+
+
+@functools.cache
+def _launch_digest() -> str:
+    """The launch script's hash: its command line is the machine the state was saved from (its devices, and
+    how the state is read), so a state saved by an earlier script is never loaded by a later one."""
+    return hashlib.sha256(LAUNCH_SCRIPT.read_bytes()).hexdigest()[:12]
 
 
 def _digest(key: str) -> str:
@@ -179,7 +191,7 @@ def _cold_boot_and_save(
     try:
         record_launch(work, launched)
         wait_for_sockets(launched, work, time.monotonic() + 60)
-        agent = AgentChannel(work / "agent.sock")
+        agent = AgentChannel(vm_dir(work) / "agent.sock")
         try:
             agent.wait_for("waiting", time.monotonic() + BOOT_TIMEOUT_S)
         except TimeoutError:
@@ -201,12 +213,9 @@ def _cold_boot_and_save(
 def _seal(work: Path, key: str, booted: float, saved: float) -> None:
     """The saved state's folder as it is kept: what only the boot needed removed, the overlay and the state
     read-only, and its manifest."""
-    for leftover in ("share", "qmp.sock", "agent.sock"):
-        path = work / leftover
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    (vm_dir(work) / OVERLAY).rename(work / OVERLAY)  # out of QEMU's folder, root's again
+    os.chown(work / OVERLAY, 0, 0)
+    shutil.rmtree(vm_dir(work))  # the share, the sockets, the console log
     (work / LAUNCHED).unlink()
     for name in (OVERLAY, STATE):
         (work / name).chmod(0o444)
@@ -221,17 +230,27 @@ def _seal(work: Path, key: str, booted: float, saved: float) -> None:
 
 
 def _save(work: Path, launched: Launched) -> None:
-    with Qmp(work / "qmp.sock", timeout=60) as qmp:
-        qmp.execute("stop")
-        qmp.execute("migrate-set-parameters", **{"max-bandwidth": 8 << 30})
-        qmp.execute("migrate", uri=f"exec:cat > {work / STATE}")
-        deadline = time.monotonic() + SAVE_TIMEOUT_S
-        while True:
-            status = (qmp.execute("query-migrate") or {}).get("status")
-            if status == "completed":
-                return
-            if status in ("failed", "cancelled"):
-                raise QemuSubstrateError(f"saving the guest's memory state failed ({status})")
-            if time.monotonic() > deadline or not alive(launched, work):
-                raise QemuSubstrateError("saving the guest's memory state did not finish")
-            time.sleep(0.1)
+    fd = os.open(work / STATE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with Qmp(vm_dir(work) / "qmp.sock", timeout=60) as qmp:
+            qmp.execute_with_fd("getfd", fd, fdname="state")
+            _migrate(qmp, work, launched)
+    finally:
+        os.close(fd)
+
+
+def _migrate(qmp: Qmp, work: Path, launched: Launched) -> None:
+    """The stopped guest's memory written to the descriptor QEMU holds as ``state``, to the end."""
+    qmp.execute("stop")
+    qmp.execute("migrate-set-parameters", **{"max-bandwidth": 8 << 30})
+    qmp.execute("migrate", uri="fd:state")
+    deadline = time.monotonic() + SAVE_TIMEOUT_S
+    while True:
+        status = (qmp.execute("query-migrate") or {}).get("status")
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            raise QemuSubstrateError(f"saving the guest's memory state failed ({status})")
+        if time.monotonic() > deadline or not alive(launched, work):
+            raise QemuSubstrateError("saving the guest's memory state did not finish")
+        time.sleep(0.1)

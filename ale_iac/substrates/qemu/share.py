@@ -28,25 +28,33 @@ class ShareError(AleIacError):
 
 
 def new_transfer(share: Path, direction: str) -> tuple[Path, str]:
-    """A fresh transfer folder: its host path and its path in the guest."""
+    """A fresh transfer folder, owned like the share (QEMU's unprivileged id serves it to the guest): its host
+    path and its path in the guest."""
     name = f"{direction}-{secrets.token_hex(8)}"
     host = share / name
     host.mkdir(mode=0o700)
+    owner = share.stat()
+    os.chown(host, owner.st_uid, owner.st_gid)
     return host, f"{GUEST_SHARE}/{name}"
 
 
 def put_tree(local: Path, dest: Path) -> int:
-    """Copy a host folder's regular files and folders (no links) into ``dest``; returns the file count."""
+    """Copy a host folder's regular files and folders (no links) into ``dest``, each owned like ``dest``;
+    returns the file count."""
+    owner = dest.stat()
     count = 0
     for root, dirs, files in os.walk(local, followlinks=False):
         rel = Path(root).relative_to(local)
-        (dest / rel).mkdir(parents=True, exist_ok=True)
+        folder = dest / rel
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chown(folder, owner.st_uid, owner.st_gid)
         dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
         for name in files:
             source = Path(root) / name
             if source.is_symlink() or not source.is_file():
                 continue
-            shutil.copy2(source, dest / rel / name)
+            shutil.copy2(source, folder / name)
+            os.chown(folder / name, owner.st_uid, owner.st_gid, follow_symlinks=False)
             count += 1
     return count
 

@@ -221,7 +221,7 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         return found
 
     def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
-        del owner  # QEMU runs as root
+        del owner  # the unit folder is root's; QEMU runs as the unit's own id (launcher.qemu_uid)
         assert isinstance(state, runtime.QemuSandboxState), state
         return QemuIsolation(state)
 

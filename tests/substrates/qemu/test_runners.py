@@ -32,7 +32,9 @@ def test_the_host_runner_execs_qemu_from_launch_sh(start_unit: StartFn) -> None:
     assert process.name().startswith(("qemu-system", "ale-qemu")) and str(state.unit_dir) in " ".join(process.cmdline())
     log = (state.unit_dir / "qemu.log").read_text()
     assert "launch.sh" not in log  # no usage error
-    assert "Seccomp:\t2" in Path(f"/proc/{state.pid}/status").read_text()  # QEMU's own filter (-sandbox on)
+    status = Path(f"/proc/{state.pid}/status").read_text()
+    assert "Seccomp:\t2" in status  # QEMU's own filter (-sandbox on)
+    assert process.uids().real == launcher.qemu_uid(state.unit_dir) != 0  # never root (test_isolation has more)
     assert run(endpoint(state), "hostname")["stdout"].strip() == state.sandbox_id
 
 
@@ -48,6 +50,9 @@ def test_the_container_runner_runs_the_same_launch_sh(start_unit: StartFn, runne
         assert script["Source"] == str(launcher.LAUNCH_SCRIPT) and script["RW"] is False
         assert attrs["Config"]["Cmd"][:2] == ["/bin/sh", launcher.CONTAINER_LAUNCH]
         assert attrs["HostConfig"]["NetworkMode"] == "host" and attrs["HostConfig"]["Privileged"] is False
+        qemu = psutil.Process(int(attrs["State"]["Pid"]))  # launch.sh execs setpriv, which execs QEMU
+        assert qemu.uids().real == launcher.qemu_uid(state.unit_dir) != 0 and qemu.gids().real != 0
+        assert "Seccomp:\t2" in Path(f"/proc/{qemu.pid}/status").read_text()
         assert run(endpoint(state), "hostname")["stdout"].strip() == state.sandbox_id
         runtime.stop(state.sandbox_id)
         assert engine.containers.list(all=True, filters={"name": launcher.container_name(state.unit_dir)}) == []

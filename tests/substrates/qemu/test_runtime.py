@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from ale_iac.substrates.qemu import runtime
+from ale_iac.substrates.qemu import launcher, runtime
 from ale_iac.substrates.qemu.disk import QemuDisk
 from ale_iac.substrates.qemu.launcher import QemuSubstrateError, qemu_pids
 from ale_iac.substrates.qemu.saved import find_saved_state
@@ -101,7 +101,8 @@ def test_the_guest_reaches_no_network(start_unit: StartFn) -> None:
 
 def test_stop_leaves_no_process_overlay_or_socket(start_unit: StartFn) -> None:
     state = start_unit()
-    assert (state.unit_dir / "disk.qcow2").is_file() and (state.unit_dir / "qmp.sock").is_socket()
+    vm = launcher.vm_dir(state.unit_dir)
+    assert (vm / "disk.qcow2").is_file() and (vm / "qmp.sock").is_socket()
     info = runtime.inspect(state.sandbox_id)
     assert info is not None and info.running and info in runtime.list_sandboxes()
     assert runtime.stop(state.sandbox_id) is True
@@ -144,15 +145,21 @@ def test_gc_stops_a_guest_no_stack_lists_and_a_killed_save(
     assert not killed_save.exists()
 
 
-def test_the_unit_folder_is_root_only(start_unit: StartFn) -> None:
+def test_the_unit_folder_is_root_only_but_for_qemu_s_own(start_unit: StartFn) -> None:
+    """The unit folder and what the host keeps there are root's; ``vm/`` and all in it are the unprivileged id
+    QEMU runs as; nothing is open to anyone else, and nothing the guest planted is a real setuid file, FIFO or
+    device node on the host."""
     state = start_unit()
     plant = "cd /mnt/ale-share && echo x > planted && chmod 4755 planted && mkfifo fifo && mknod null c 1 3"
     assert run(endpoint(state), plant)["return_code"] == 0
+    vm, qemu = launcher.vm_dir(state.unit_dir), launcher.qemu_uid(state.unit_dir)
+    assert qemu != 0 and psutil.Process(state.pid).uids().real == qemu
     for path in [state.unit_dir, *state.unit_dir.rglob("*")]:
-        mode = path.lstat().st_mode
-        assert path.lstat().st_uid == 0 and mode & 0o077 == 0, (path, oct(mode))
+        mode, owner = path.lstat().st_mode, path.lstat().st_uid
+        assert owner == (qemu if path.is_relative_to(vm) else 0) and mode & 0o077 == 0, (path, owner, oct(mode))
         assert not mode & 0o6000, (path, oct(mode))  # the guest's setuid bit is metadata only (mapped-xattr)
         assert stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode), path  # no FIFO or device node
+    assert {p.name for p in state.unit_dir.iterdir()} <= {"vm", "unit.json", "qemu.log", "token"}
 
 
 @pytest.mark.engine
