@@ -131,3 +131,34 @@ def boot(
     finally:
         os.close(log)
     return CloudGuest(guest_dir, port, process)
+
+
+def wait_ready(guest: CloudGuest, token: str, deadline: float) -> float:
+    """Until the guest's endpoint answers ``GET /status`` with 200 for ``token`` (its forwarder has the token from
+    the metadata and the computer-server is up); the seconds it took. Fails at once when QEMU exits, and at the
+    monotonic ``deadline`` with the serial log's tail."""
+    import time
+
+    import httpx
+
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {token}"}
+    while True:
+        if not guest.alive():
+            raise QemuDiskError(f"QEMU exited while booting the cloud disk: {_tail(guest.unit_dir / 'qemu.log')}")
+        try:
+            if httpx.get(f"{guest.endpoint}/status", headers=headers, timeout=5).status_code == 200:
+                return round(time.monotonic() - started, 1)
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise QemuDiskError(f"the cloud disk did not answer in time; serial log: {_tail(guest.serial_log)}")
+        time.sleep(1.0)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(none)"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "(empty)"
