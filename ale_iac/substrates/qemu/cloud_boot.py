@@ -26,6 +26,9 @@ STANDIN = Path(__file__).resolve().parent / "metadata_standin.py"
 NETWORK = "net=169.254.169.0/24,host=169.254.169.1,dhcpstart=169.254.169.15,dns=169.254.169.3"
 """QEMU's user network, placed to contain the clouds' metadata address (the guest gets 169.254.169.15)."""
 METADATA = "169.254.169.254:80"
+QEMU_NAME = "ale-cloud-guest,process=ale-qemu"
+OWNER = "owner.pid"
+"""The guest folder's record of the process that started it: a guest whose starter is gone is gc's to remove."""
 
 
 @dataclass
@@ -86,7 +89,7 @@ def qemu_argv(guest_dir: Path, port: int, *, vcpus: int, memory_mb: int) -> list
         f"guestfwd=tcp:{METADATA}-cmd:{standin}"
     )
     return [
-        "qemu-system-x86_64", "-name", "ale-cloud-guest,process=ale-qemu", "-accel", "kvm" if kvm else "tcg",
+        "qemu-system-x86_64", "-name", QEMU_NAME, "-accel", "kvm" if kvm else "tcg",
         "-cpu", "host" if kvm else "max", "-m", str(memory_mb), "-smp", str(vcpus),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", f"file:{guest_dir / 'serial.log'}",
@@ -102,6 +105,7 @@ def boot(
     """Start QEMU on an overlay of ``disk_raw`` (never written), with ``metadata`` served as the instance's
     attributes; returns at once (the caller waits for the endpoint)."""
     guest_dir.mkdir(parents=True, mode=0o700)
+    (guest_dir / OWNER).write_text(f"{os.getpid()}\n")
     values = guest_dir / "metadata.json"
     values.touch(mode=0o600)
     values.write_text(json.dumps(metadata))
@@ -162,3 +166,42 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(none)"
     return " | ".join(text.strip().splitlines()[-lines:]) or "(empty)"
+
+
+def orphans() -> list[tuple[int, Path]]:
+    """(QEMU pid, guest folder) of every cloud disk boot whose starter is gone (killed before its ``stop``)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if QEMU_NAME not in argv:
+            continue
+        serial = next((a for a in argv if a.startswith("file:") and a.endswith("/serial.log")), None)
+        if serial is None:
+            continue
+        guest_dir = Path(serial.removeprefix("file:")).parent
+        try:
+            owner = int((guest_dir / OWNER).read_text())
+        except (OSError, ValueError):
+            owner = None
+        if owner is None or not psutil.pid_exists(owner):
+            found.append((int(proc.info["pid"]), guest_dir))
+    return found
+
+
+def remove_orphan(pid: int, guest_dir: Path) -> None:
+    """Stop an orphaned boot's QEMU (SIGTERM, then SIGKILL) and remove its folder."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=launcher.STOP_GRACE_S)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    except psutil.NoSuchProcess:
+        pass
+    shutil.rmtree(guest_dir, ignore_errors=True)

@@ -33,7 +33,7 @@ from ale_iac.substrates.base import (
     UnitState,
 )
 from ale_iac.substrates.isolation import IsolationProbe
-from ale_iac.substrates.qemu import cloud, disk, launcher, runtime, saved
+from ale_iac.substrates.qemu import cloud, cloud_boot, disk, launcher, runtime, saved
 from ale_iac.substrates.qemu import share as guest_share
 from ale_iac.substrates.qemu.isolation import QemuIsolation
 
@@ -201,8 +201,8 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         return [HostUnit(info.sandbox_id, info.labels.get("stack")) for info in runtime.list_sandboxes()]
 
     def leftovers(self) -> list[Leftover]:
-        """Runner containers whose unit folder is gone, and the folders of saved-state boots whose saver was
-        killed (nobody holds their lock)."""
+        """Runner containers whose unit folder is gone, the folders of saved-state boots whose saver was
+        killed (nobody holds their lock), and cloud disk boots (``cloud_boot.py``) whose starter is gone."""
         found = [
             Leftover(
                 "container",
@@ -220,6 +220,15 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
                 functools.partial(saved.remove_build, build),
             )
             for build in saved.stale_builds()
+        ]
+        found += [
+            Leftover(
+                "folder",
+                guest_dir.name,
+                f"cloud disk boot {guest_dir} (QEMU pid {pid}, its starter gone)",
+                functools.partial(cloud_boot.remove_orphan, pid, guest_dir),
+            )
+            for pid, guest_dir in cloud_boot.orphans()
         ]
         return found
 
