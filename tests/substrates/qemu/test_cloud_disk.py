@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import shlex
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +26,10 @@ from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import CommandResult
+from ale_iac.substrates.authproxy import MODEL_PORT
+from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.qemu import cloud, cloud_boot
+from ale_iac.substrates.relay import unix_connector
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT_DEADLINE_S = 900.0
@@ -125,3 +131,43 @@ def test_the_scripted_agent_solves_a_demo_task_through_it(
     for record in summary.run_dir.rglob("*"):
         if record.is_file():
             assert booted.token not in record.read_text(errors="replace"), record
+
+
+def test_the_reverse_model_channel_carries_a_call_from_the_guest_to_the_host(booted: Booted, tmp_path: Path) -> None:
+    """The channel an in-sandbox agent's model calls take (``substrates/channel.py``): the host opens it to the
+    endpoint with the token from the metadata; a connection to the guest's 127.0.0.1:4010 reaches the host."""
+    probe = (
+        "import socket\n"
+        f"c = socket.create_connection(('127.0.0.1', {MODEL_PORT}), timeout=60)\n"
+        "c.sendall(b'ping-from-the-cloud-guest'); c.shutdown(socket.SHUT_WR)\n"
+        "print('got', c.recv(100).decode() or 'EOF')\n"
+    )
+    received: list[bytes] = []
+    path = tmp_path / "model.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(100):
+                    data += chunk
+                received.append(data)
+                conn.sendall(b"pong-from-the-host")
+
+        async def carried() -> CommandResult:
+            channel = ModelChannel(booted.guest.endpoint, booted.token, unix_connector(str(path)), pool=1)
+            await channel.open()
+            try:
+                async with ComputerServerClient(booted.guest.endpoint, token=booted.token) as client:
+                    return await client.run_command(f"/usr/bin/python3 -c {shlex.quote(probe)}", timeout=120)
+            finally:
+                await channel.aclose()
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert asyncio.run(carried()).stdout.strip() == "got pong-from-the-host"
+        thread.join(timeout=30)
+    assert received == [b"ping-from-the-cloud-guest"]
