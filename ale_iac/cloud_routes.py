@@ -27,6 +27,8 @@ IPV4_MIN_PREFIX = 8
 """Widest IPv4 range accepted (a /8). Wider ranges are refused: 0.0.0.0/1 + 128.0.0.0/1 is the internet."""
 IPV6_MIN_PREFIX = 32
 """Widest IPv6 range accepted."""
+GUEST_AGENT_PORT = 8443
+"""The endpoint's port on ale-iac's own disk: the forwarder, in front of the computer-server's loopback port."""
 
 
 def check_source_ranges(ranges: list[str]) -> list[str]:
@@ -92,6 +94,13 @@ class CloudRouteBase(BaseModel):
     paths: SandboxPaths | None = Field(
         default=None, description="Path conventions of the image; None uses the defaults of `os`."
     )
+    guest_agent: bool = Field(
+        default=False,
+        description="The image is ale-iac's own desktop disk (`ale-iac images build desktop --export gce|ec2|ecs`, "
+        "docs/clouds.md): its guest agent takes the unit's endpoint token from the instance metadata at boot "
+        f"and its forwarder on port {GUEST_AGENT_PORT} admits only requests that carry it. The unit gets a "
+        "token of its own (a secret in the stack) and no startup script; the firewall opens that port only.",
+    )
     reset: Literal["recreate", "none"] = Field(
         default="recreate",
         description="How a pool unit gets back to a clean state between leases: 'recreate' (the pool stack "
@@ -104,6 +113,12 @@ class CloudRouteBase(BaseModel):
     def _ranges(cls, value: list[str]) -> list[str]:
         return check_source_ranges(value)
 
+    @property
+    def endpoint_port(self) -> int:
+        """The port the firewall opens and the endpoint names: the forwarder's on ale-iac's disk, else the
+        computer-server's own."""
+        return GUEST_AGENT_PORT if self.guest_agent else self.server_port
+
     @field_validator("ssh_source_ranges")
     @classmethod
     def _ssh_ranges(cls, value: list[str]) -> list[str]:
@@ -111,6 +126,22 @@ class CloudRouteBase(BaseModel):
 
 
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class ImageImport(BaseModel):
+    """An image the stack imports from a disk file in the cloud's object store (a cloud export of ale-iac's
+    disk, docs/clouds.md): the object (uploaded from ``source`` when given) and the image made from it. The
+    route's ``image`` is then the new image's name, and its units boot from that resource."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bucket: str = Field(min_length=3, description="Bucket of the disk file (GCS, S3 or OSS, by the route's cloud).")
+    object: str = Field(min_length=1, description="Object name (key) of the disk file in the bucket.")
+    source: str | None = Field(
+        default=None,
+        description="A local disk file the stack uploads as that object (the path `ale-iac images build desktop "
+        "--export <cloud>` prints); None: the object is already there.",
+    )
 
 
 class GcloudRoute(CloudRouteBase):
@@ -122,6 +153,10 @@ class GcloudRoute(CloudRouteBase):
     zone: str = Field(description="Zone, e.g. us-central1-a.")
     network: str = Field(default="default", description="VPC network name or self link.")
     subnetwork: str | None = Field(default=None, description="Subnetwork; None uses the network's default.")
+    image_import: ImageImport | None = Field(
+        default=None,
+        description="Import the image (a `compute.Image` from the bucket's disk.raw .tar.gz); `image` is its name.",
+    )
 
     @field_validator("zone")
     @classmethod
@@ -129,6 +164,14 @@ class GcloudRoute(CloudRouteBase):
         if not re.match(r"^[a-z]+-[a-z]+\d+-[a-z]$", value):
             raise PydanticCustomError("zone", f"{value!r} is not a GCE zone like us-central1-a")
         return value
+
+    @model_validator(mode="after")
+    def _image_name(self) -> GcloudRoute:
+        if self.image_import is not None and not _GCE_NAME.match(self.image):
+            raise PydanticCustomError(
+                "image_name", f"with image_import, image is the new image's name; {self.image!r} is not a GCE name"
+            )
+        return self
 
     @property
     def uses_machine_image(self) -> bool:
@@ -145,6 +188,13 @@ class AwsRoute(CloudRouteBase):
     vpc_id: str | None = Field(default=None, description="VPC of the security group; None: the default VPC.")
     subnet_id: str | None = Field(default=None, description="Subnet; None: a default subnet.")
     key_name: str | None = Field(default=None, description="EC2 key pair name (a name, not a key).")
+    image_import: ImageImport | None = Field(
+        default=None,
+        description="Import the image (a VMDK in S3: an EBS snapshot import, then an AMI); `image` is the AMI's name.",
+    )
+    import_role: str = Field(
+        default="vmimport", description="The IAM service role VM Import uses to read the bucket (AWS's default name)."
+    )
 
     @model_validator(mode="after")
     def _network(self) -> AwsRoute:
@@ -169,6 +219,10 @@ class AliyunRoute(CloudRouteBase):
     )
     ttl_hours: float = Field(
         default=6.0, ge=0.5, le=24 * 14, description="Cloud-side time-to-live (ECS needs >= 30 min)."
+    )
+    image_import: ImageImport | None = Field(
+        default=None,
+        description="Import the image (a qcow2 in OSS, the region's bucket: an ECS image import); `image` is its name.",
     )
 
 

@@ -9,6 +9,7 @@ Everything is strict: an unknown key is an error naming the key and the file.
 
 from __future__ import annotations
 
+import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.config_files import read_yaml, validate
 from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
-from ale_iac.errors import ConfigError, Problems, did_you_mean
+from ale_iac.errors import AleIacError, ConfigError, Problems, did_you_mean
 from ale_iac.paths import project_root
 
 CONFIG_NAMESPACE = "ale-iac"
@@ -112,6 +113,21 @@ class StaticRoute(StrictModel):
     reset: Literal["none"] = Field(
         default="none", description="Static endpoints are not ale-iac's to remake: always 'none'."
     )
+    endpoint_token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The environment variable that holds the endpoints' bearer token (ale-iac's forwarder in "
+        "front of them, e.g. a VM of its cloud disk); the token itself never goes in a file.",
+    )
+
+    def endpoint_token(self) -> str | None:
+        """The endpoints' token from :attr:`endpoint_token_env`; an error naming the variable when it is unset."""
+        if self.endpoint_token_env is None:
+            return None
+        token = os.environ.get(self.endpoint_token_env, "")
+        if not token:
+            raise AleIacError(f"endpoint_token_env: the environment variable {self.endpoint_token_env} is not set")
+        return token
 
     @model_validator(mode="after")
     def _check_endpoints(self) -> StaticRoute:

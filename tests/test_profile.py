@@ -179,3 +179,16 @@ def test_a_bad_reset_names_the_field_and_the_file(tmp_path: Path, route: str, fr
     message = str(info.value)
     assert message.startswith(f"{path}: ale-iac:profile.snapshots.s.") and ".reset" in message, message
     assert fragment in message and "\n" not in message
+
+
+def test_a_static_routes_token_comes_from_the_environment_variable_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ale_iac.errors import AleIacError
+    from ale_iac.profile import StaticRoute
+
+    route = StaticRoute(provider="static", endpoints=["http://127.0.0.1:9"], endpoint_token_env="ALE_TEST_TOKEN")
+    monkeypatch.delenv("ALE_TEST_TOKEN", raising=False)
+    with pytest.raises(AleIacError, match="endpoint_token_env: the environment variable ALE_TEST_TOKEN is not set"):
+        route.endpoint_token()
+    monkeypatch.setenv("ALE_TEST_TOKEN", "t0ken")
+    assert route.endpoint_token() == "t0ken"
+    assert StaticRoute(provider="static", endpoints=["http://127.0.0.1:9"]).endpoint_token() is None

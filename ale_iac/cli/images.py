@@ -30,7 +30,9 @@ def build(
             "--export",
             help="Also export the built rootfs: 'docker' imports it into the local engine as "
             "ale-iac/<name>:<hash12> (once per recipe hash; nothing is pulled). Prints the tag. 'qcow2' makes "
-            "a bootable QEMU guest disk with Debian's kernel and initramfs (once per recipe hash). Prints its path.",
+            "a bootable QEMU guest disk with Debian's kernel and initramfs (once per recipe hash). 'gce', 'ec2', "
+            "'ecs' make the cloud disk (GRUB, DHCP, the token from instance metadata: docs/clouds.md) as a GCE "
+            "disk.raw .tar.gz, an EC2 stream-optimized VMDK, an ECS qcow2. Prints its path.",
         ),
     ] = None,
 ) -> None:

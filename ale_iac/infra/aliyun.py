@@ -15,6 +15,14 @@ that time. ECS requires it at least 30 minutes ahead, hence the route's ``ttl_ho
 only applies to pay-as-you-go instances, hence ``instance_charge_type = "PostPaid"``.
 Security group rules cannot carry tags; their description names the unit, stack and run.
 
+On ale-iac's own disk (``guest_agent``), ``<unit>-token`` is the unit's endpoint token
+(``infra/endpoint_token.py``): the user data is then no script but ``key=value`` lines that the guest agent
+reads from the metadata service (hardened mode, a session token first) at boot; it is secret, like the handle.
+
+With ``image_import``, the program also declares the image once (shared by its units): ``image-<name>-disk``
+(the qcow2's upload to the region's OSS bucket, when the route names a local ``source``) and ``image-<name>``,
+an ``alicloud.ecs.ImageImport`` of it (BIOS boot) the instances boot from.
+
 The region comes from one explicit ``alicloud.Provider`` per region and program
 (``alicloud-<region>``): ECS resources have no region argument. Credentials come from the
 environment (``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``, profiles, RAM roles), never from config.
@@ -29,7 +37,7 @@ import pulumi_alicloud as alicloud
 
 from ale_iac.cloud_routes import AliyunRoute
 from ale_iac.contract import UnitSpec
-from ale_iac.infra import DeclareContext
+from ale_iac.infra import DeclareContext, endpoint_token
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
     LABEL_STACK,
@@ -47,6 +55,8 @@ from ale_iac.infra.cloud_common import (
 from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:aliyun:Unit"
+DISK_IMAGE_GB = 8
+"""The size of ale-iac's cloud disk (``substrates/qemu/cloud.py`` ``DISK_GB``), which ECS's import must be told."""
 SSH_PORT = 22
 _EXPIRY_TAG = f'tags["{LABEL_EXPIRY}"]'
 """The expiry tag's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
@@ -100,7 +110,16 @@ class AliyunUnit(pulumi.ComponentResource):
         )
         rules = security_group_rules(name, route, sg, description, child)
         public = not route.reach_privately
-        instance = _instance(name, route, shape, sg, public, expiry.iso, display_name, description, labels, child)
+        token = (
+            endpoint_token.EndpointToken(f"{name}-token", pulumi.ResourceOptions(parent=self))
+            if route.guest_agent
+            else None
+        )
+        boot = endpoint_token.user_data(token.value, expiry.ttl_seconds) if token else user_data(route)
+        image = boot_image(route, provider)
+        instance = _instance(
+            name, route, (image, boot), shape, sg, public, expiry.iso, display_name, description, labels, child
+        )
         self.instance = instance
         self.rules: list[pulumi.CustomResource] = [sg, *rules]
         self.handle = unit_handle(
@@ -114,6 +133,7 @@ class AliyunUnit(pulumi.ComponentResource):
             resource_labels=instance.tags,
             labels=labels,
             depends_on=self.rules,
+            token=token.value if token else None,
         )
         self.register_outputs({"handle": self.handle})
 
@@ -144,7 +164,7 @@ def security_group_rules(
             )
             rules.append(rule)
 
-    ingress("server", route.allowed_source_ranges, route.server_port)
+    ingress("server", route.allowed_source_ranges, route.endpoint_port)
     if route.ssh_source_ranges:
         ingress("ssh", route.ssh_source_ranges, SSH_PORT)
     if not route.allow_outbound:
@@ -165,9 +185,48 @@ def security_group_rules(
     return rules
 
 
+def boot_image(route: AliyunRoute, provider: alicloud.Provider) -> pulumi.Input[str]:
+    """The image the instances boot from: the route's, or the one the program imports (declared once)."""
+    if route.image_import is None:
+        return route.image
+    image: alicloud.ecs.ImageImport = shared_resource(
+        f"aliyun-image:{route.region}/{route.image}", lambda: _import(route, provider)
+    )
+    return image.id
+
+
+def _import(route: AliyunRoute, provider: alicloud.Provider) -> alicloud.ecs.ImageImport:
+    """The image from the OSS bucket's qcow2 (an ECS image import), uploaded first when the route names a file."""
+    imported = route.image_import
+    assert imported is not None
+    opts = pulumi.ResourceOptions(provider=provider)
+    if imported.source is not None:
+        upload = alicloud.oss.BucketObject(
+            f"image-{route.image}-disk", bucket=imported.bucket, key=imported.object, source=imported.source, opts=opts
+        )
+        opts = pulumi.ResourceOptions(provider=provider, depends_on=[upload])
+    return alicloud.ecs.ImageImport(
+        f"image-{route.image}",
+        image_name=route.image,
+        architecture="x86_64",
+        os_type="linux",
+        platform="Debian",
+        boot_mode="BIOS",
+        license_type="BYOL",
+        description=f"ale-iac desktop disk, imported from oss://{imported.bucket}/{imported.object}",
+        disk_device_mappings=[
+            alicloud.ecs.ImageImportDiskDeviceMappingArgs(
+                oss_bucket=imported.bucket, oss_object=imported.object, format="qcow2", disk_image_size=DISK_IMAGE_GB
+            )
+        ],
+        opts=opts,
+    )
+
+
 def _instance(
     name: str,
     route: AliyunRoute,
+    boot: tuple[pulumi.Input[str], pulumi.Input[str]],
     shape: ResolvedShape,
     sg: alicloud.ecs.SecurityGroup,
     public: bool,
@@ -177,11 +236,11 @@ def _instance(
     labels: dict[str, str],
     opts: pulumi.ResourceOptions,
 ) -> alicloud.ecs.Instance:
-    """The pay-as-you-go instance ECS releases itself at ``release_at``; a public IP (and its bandwidth)
-    only when the route reaches it publicly."""
+    """The pay-as-you-go instance ECS releases itself at ``release_at``, from ``boot`` (its image and user data);
+    a public IP (and its bandwidth) only when the route reaches it publicly."""
     return alicloud.ecs.Instance(
         f"{name}-vm",
-        image_id=route.image,
+        image_id=boot[0],
         instance_type=shape.machine_type,
         instance_name=display_name,
         vswitch_id=route.vswitch_id,
@@ -194,7 +253,7 @@ def _instance(
         system_disk_category="cloud_essd",
         system_disk_size=shape.disk_gb,
         key_name=route.key_name,
-        user_data=user_data(route),
+        user_data=boot[1],
         http_tokens="required",
         deletion_protection=False,
         description=description,

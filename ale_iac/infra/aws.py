@@ -16,6 +16,15 @@ TTL: EC2 has no cloud-side "delete after" on an instance, so it is two pieces, a
 and a guest timer in the user data that shuts the guest down at the deadline (armed before the
 computer-server starts, re-armed at every boot by a systemd unit / ``<persist>`` PowerShell).
 
+On ale-iac's own disk (``guest_agent``), ``<unit>-token`` is the unit's endpoint token
+(``infra/endpoint_token.py``): the user data is then no script but ``key=value`` lines (the token and the
+guest's time-to-live) that the guest agent reads through IMDSv2 at boot; it is secret, like the handle.
+
+With ``image_import``, the program also declares the image once (shared by its units): ``image-<name>-disk``
+(the VMDK's upload, when the route names a local ``source``), ``image-<name>-snapshot`` (an EBS snapshot
+import by VM Import, through the route's ``import_role``) and ``image-<name>``, the AMI (BIOS boot, ENA,
+IMDSv2 only) the instances boot from.
+
 The region comes from one explicit ``aws.Provider`` per region and program (``aws-<region>``),
 shared by the units; credentials come from the environment (``AWS_*``, profiles, SSO), never from
 stack config.
@@ -30,13 +39,16 @@ import pulumi_aws as aws
 
 from ale_iac.cloud_routes import AwsRoute
 from ale_iac.contract import UnitSpec
-from ale_iac.infra import DeclareContext
+from ale_iac.infra import DeclareContext, endpoint_token
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
+    LABEL_MANAGED_BY,
     LABEL_STACK,
     LABEL_UNIT,
+    MANAGED_BY,
     expiry_for,
     identity_text,
+    label_value,
     shared_resource,
     split_ranges,
     startup_script,
@@ -100,7 +112,16 @@ class AwsUnit(pulumi.ComponentResource):
         )
         rules = security_group_rules(name, route, sg, tags, description, tagged)
         public = not route.reach_privately
-        instance = _instance(name, route, shape, sg, public, user_data(route, expiry.ttl_seconds), tags, child)
+        token = (
+            endpoint_token.EndpointToken(f"{name}-token", pulumi.ResourceOptions(parent=self))
+            if route.guest_agent
+            else None
+        )
+        boot = (
+            endpoint_token.user_data(token.value, expiry.ttl_seconds) if token else user_data(route, expiry.ttl_seconds)
+        )
+        image = boot_image(route, ctx, provider)
+        instance = _instance(name, route, image, shape, sg, public, boot, tags, child)
         self.instance = instance
         self.rules: list[pulumi.CustomResource] = [sg, *rules]
         self.handle = unit_handle(
@@ -114,6 +135,7 @@ class AwsUnit(pulumi.ComponentResource):
             resource_labels=instance.tags,
             labels=tags,
             depends_on=self.rules,
+            token=token.value if token else None,
         )
         self.register_outputs({"handle": self.handle})
 
@@ -148,7 +170,7 @@ def security_group_rules(
             )
             rules.append(rule)
 
-    ingress("server", route.allowed_source_ranges, route.server_port)
+    ingress("server", route.allowed_source_ranges, route.endpoint_port)
     if route.ssh_source_ranges:
         ingress("ssh", route.ssh_source_ranges, SSH_PORT)
     if route.allow_outbound:
@@ -165,13 +187,69 @@ def security_group_rules(
     return rules
 
 
+def boot_image(route: AwsRoute, ctx: DeclareContext, provider: aws.Provider) -> pulumi.Input[str]:
+    """The AMI the instances boot from: the route's, or the one the program imports (declared once)."""
+    if route.image_import is None:
+        return route.image
+    ami: aws.ec2.Ami = shared_resource(f"aws-image:{route.region}/{route.image}", lambda: _import(route, ctx, provider))
+    return ami.id
+
+
+def _import(route: AwsRoute, ctx: DeclareContext, provider: aws.Provider) -> aws.ec2.Ami:
+    """The AMI from the bucket's VMDK: an EBS snapshot import (VM Import), then the AMI on that snapshot."""
+    imported = route.image_import
+    assert imported is not None
+    opts = pulumi.ResourceOptions(provider=provider)
+    tags = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_STACK: label_value(ctx.stack), "Name": route.image}
+    key: pulumi.Input[str] = imported.object
+    if imported.source is not None:
+        upload = aws.s3.BucketObjectv2(
+            f"image-{route.image}-disk",
+            bucket=imported.bucket,
+            key=imported.object,
+            source=pulumi.FileAsset(imported.source),
+            tags=tags,
+            opts=opts,
+        )
+        key = upload.key
+    snapshot = aws.ebs.SnapshotImport(
+        f"image-{route.image}-snapshot",
+        disk_container=aws.ebs.SnapshotImportDiskContainerArgs(
+            format="VMDK",
+            user_bucket=aws.ebs.SnapshotImportDiskContainerUserBucketArgs(s3_bucket=imported.bucket, s3_key=key),
+        ),
+        role_name=route.import_role,
+        description=f"ale-iac desktop disk from s3://{imported.bucket}/{imported.object}",
+        encrypted=True,
+        tags=tags,
+        opts=opts,
+    )
+    return aws.ec2.Ami(
+        f"image-{route.image}",
+        name=route.image,
+        virtualization_type="hvm",
+        boot_mode="legacy-bios",
+        ena_support=True,
+        imds_support="v2.0",
+        root_device_name="/dev/xvda",
+        ebs_block_devices=[
+            aws.ec2.AmiEbsBlockDeviceArgs(
+                device_name="/dev/xvda", snapshot_id=snapshot.id, volume_type="gp3", delete_on_termination=True
+            )
+        ],
+        tags=tags,
+        opts=opts,
+    )
+
+
 def _instance(
     name: str,
     route: AwsRoute,
+    image: pulumi.Input[str],
     shape: ResolvedShape,
     sg: aws.ec2.SecurityGroup,
     public: bool,
-    boot: str,
+    boot: pulumi.Input[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
 ) -> aws.ec2.Instance:
@@ -179,7 +257,7 @@ def _instance(
     (the guest TTL in its user data ``boot``), a public IP only when the route reaches it publicly."""
     return aws.ec2.Instance(
         f"{name}-vm",
-        ami=route.image,
+        ami=image,
         instance_type=shape.machine_type,
         availability_zone=route.availability_zone,
         subnet_id=route.subnet_id,

@@ -391,26 +391,29 @@ def unit_handle(
     labels: Mapping[str, str],
     reset_urn: pulumi.Output[str],
     depends_on: Sequence[pulumi.CustomResource] = (),
+    token: pulumi.Output[str] | None = None,
 ) -> pulumi.Output[dict[str, Any]]:
     """The unit's ``UnitOutputs`` dict, validated by the contract model when the values resolve.
 
     ``expires_at`` comes from the labels in the resource's state (see the module docstring). The
     handle also waits for ``depends_on`` (the unit's firewall rules / security group): an endpoint
     is only usable once the rules that let the runner reach it exist. ``reset_urn`` is the VM's URN:
-    what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay).
+    what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay). ``token`` is the
+    endpoint's token on ale-iac's own disk (a secret: so is then the whole handle).
     """
     import pulumi
 
     paths = paths_for(route)
 
     def build(values: list[Any]) -> dict[str, Any]:
-        ip, rid, state_labels, urn = values[:4]
+        ip, rid, state_labels, urn, secret = values[:5]
         final_labels = {str(k): str(v) for k, v in (state_labels or labels).items()}
         expiry = final_labels.get(LABEL_EXPIRY) or labels[LABEL_EXPIRY]
         handle = UnitOutputs(
             unit=unit.name,
             provider=route.provider,  # type: ignore[attr-defined]
-            endpoint=f"http://{ip}:{route.server_port}",
+            endpoint=f"http://{ip}:{route.endpoint_port}",
+            endpoint_token=secret,
             inner_endpoint=f"http://127.0.0.1:{route.server_port}",
             os=route.os,
             snapshot=snapshot,
@@ -424,6 +427,7 @@ def unit_handle(
             reset=route.reset,
             reset_urns=[str(urn)],
         )
-        return handle.model_dump()
+        return handle.to_output()
 
-    return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, *(r.id for r in depends_on)).apply(build)
+    ids = [r.id for r in depends_on]
+    return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, token, *ids).apply(build)

@@ -10,7 +10,15 @@ Per unit, a ``ale-iac:gcloud:Unit`` component parents:
   ``allowed_source_ranges`` only, targeted at a network tag unique to the unit;
 * ``<unit>-ssh`` only when the route lists ``ssh_source_ranges``;
 * ``<unit>-deny-egress`` unless the route sets ``allow_outbound`` (the metadata server stays
-  reachable: GCE firewalls never apply to it).
+  reachable: GCE firewalls never apply to it);
+* ``<unit>-token`` when the route's image is ale-iac's own disk (``guest_agent``): the unit's endpoint token
+  (``infra/endpoint_token.py``), given to the VM as the secret instance attribute ``ale-endpoint-token``,
+  which the guest agent reads from the metadata server at boot; the firewall then opens the forwarder's
+  port, and the handle carries the token (a secret output).
+
+With ``image_import``, the program also declares the image once (shared by its units): ``image-<name>``, a
+``gcp.compute.Image`` from the bucket's ``disk.raw`` ``.tar.gz`` (and ``image-<name>-disk``, the object's
+upload, when the route names a local ``source``); the VMs boot from that resource.
 
 TTL: ``scheduling.max_run_duration`` = the route's ``ttl_hours`` with
 ``instance_termination_action = "DELETE"``: GCE deletes the VM itself, even if the runner is gone.
@@ -30,16 +38,21 @@ from ale_iac.contract import UnitSpec
 from ale_iac.infra import DeclareContext
 from ale_iac.infra.cloud_common import (
     LABEL_EXPIRY,
+    LABEL_MANAGED_BY,
+    LABEL_STACK,
+    MANAGED_BY,
     digest,
     expiry_for,
     identity_text,
     label_value,
+    shared_resource,
     split_ranges,
     startup_script,
     unit_handle,
     unit_labels,
     unit_slug,
 )
+from ale_iac.infra.endpoint_token import TOKEN_KEY, TTL_KEY, EndpointToken
 from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:gcloud:Unit"
@@ -84,7 +97,9 @@ class GcloudUnit(pulumi.ComponentResource):
         self.rules: list[pulumi.CustomResource] = firewall_rules(
             name, route, tag, description, pulumi.ResourceOptions(parent=self)
         )
-        settings = instance_settings(route, shape, labels, tag, description)
+        token = EndpointToken(f"{name}-token", pulumi.ResourceOptions(parent=self)) if route.guest_agent else None
+        metadata = instance_metadata(route, token.value if token else None, expiry.ttl_seconds)
+        settings = instance_settings(route, shape, labels, tag, description, metadata)
         public = not route.reach_privately
         instance: gcp.compute.Instance | gcp.compute.InstanceFromMachineImage
         if route.uses_machine_image:
@@ -95,7 +110,8 @@ class GcloudUnit(pulumi.ComponentResource):
                 )
             instance = _machine_image_vm(name, route, shape, expiry.ttl_seconds, public, settings, self)
         else:
-            instance = _image_vm(name, route, shape, expiry.ttl_seconds, public, labels, settings, self)
+            image = boot_image(route, ctx)
+            instance = _image_vm(name, image, route, shape, expiry.ttl_seconds, public, labels, settings, self)
         nic = instance.network_interfaces[0]
         self.instance = instance
         self.handle = unit_handle(
@@ -109,6 +125,7 @@ class GcloudUnit(pulumi.ComponentResource):
             resource_labels=instance.labels,
             labels=labels,
             depends_on=self.rules,
+            token=token.value if token else None,
         )
         self.register_outputs({"handle": self.handle})
 
@@ -137,7 +154,7 @@ def firewall_rules(
                 )
                 rules.append(firewall)
 
-    ingress("server", route.allowed_source_ranges, route.server_port)
+    ingress("server", route.allowed_source_ranges, route.endpoint_port)
     if route.ssh_source_ranges:
         ingress("ssh", route.ssh_source_ranges, SSH_PORT)
     if not route.allow_outbound:
@@ -157,16 +174,60 @@ def firewall_rules(
     return rules
 
 
-def instance_metadata(route: GcloudRoute) -> dict[str, str]:
-    """The VM's metadata: the startup script (PowerShell on Windows); on Linux, SSH through OS Login only."""
+def instance_metadata(
+    route: GcloudRoute, token: pulumi.Output[str] | None = None, ttl_seconds: int | None = None
+) -> dict[str, pulumi.Input[str]]:
+    """The VM's metadata: the startup script (PowerShell on Windows); on Linux, SSH through OS Login only. On
+    ale-iac's own disk, the unit's token (a secret) and the guest's time-to-live instead of a startup script."""
+    if token is not None:
+        ttl = {TTL_KEY: str(ttl_seconds)} if ttl_seconds else {}
+        return {TOKEN_KEY: token, **ttl, "enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
     script = startup_script(route)
     if route.os == "windows":
         return {"windows-startup-script-ps1": script}
     return {"startup-script": script, "enable-oslogin": "TRUE", "block-project-ssh-keys": "TRUE"}
 
 
+def boot_image(route: GcloudRoute, ctx: DeclareContext) -> pulumi.Input[str]:
+    """What the boot disk is made from: the route's image, or the image the program imports (declared once)."""
+    if route.image_import is None:
+        return route.image
+    image: gcp.compute.Image = shared_resource(f"gce-image:{route.project}/{route.image}", lambda: _import(route, ctx))
+    return image.self_link
+
+
+def _import(route: GcloudRoute, ctx: DeclareContext) -> gcp.compute.Image:
+    """The image from the bucket's ``disk.raw`` archive, uploaded first when the route names a local file."""
+    imported = route.image_import
+    assert imported is not None
+    source: pulumi.Input[str] = f"https://storage.googleapis.com/{imported.bucket}/{imported.object}"
+    if imported.source is not None:
+        upload = gcp.storage.BucketObject(
+            f"image-{route.image}-disk",
+            bucket=imported.bucket,
+            name=imported.object,
+            source=pulumi.FileAsset(imported.source),
+            content_type="application/gzip",
+        )
+        source = pulumi.Output.concat("https://storage.googleapis.com/", upload.bucket, "/", upload.name)
+    return gcp.compute.Image(
+        f"image-{route.image}",
+        name=route.image,
+        project=route.project,
+        raw_disk=gcp.compute.ImageRawDiskArgs(source=source),
+        guest_os_features=[gcp.compute.ImageGuestOsFeatureArgs(type="VIRTIO_SCSI_MULTIQUEUE")],
+        labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_STACK: label_value(ctx.stack)},
+        description=f"ale-iac desktop disk, imported from gs://{imported.bucket}/{imported.object}",
+    )
+
+
 def instance_settings(
-    route: GcloudRoute, shape: ResolvedShape, labels: dict[str, str], tag: str, description: str
+    route: GcloudRoute,
+    shape: ResolvedShape,
+    labels: dict[str, str],
+    tag: str,
+    description: str,
+    metadata: dict[str, pulumi.Input[str]],
 ) -> dict[str, Any]:
     """The arguments both kinds of VM take alike (from an image or from a machine image)."""
     return {
@@ -175,7 +236,7 @@ def instance_settings(
         "machine_type": shape.machine_type,
         "labels": labels,
         "tags": [tag],
-        "metadata": instance_metadata(route),
+        "metadata": metadata,
         "deletion_protection": False,
         "allow_stopping_for_update": True,
         "enable_display": route.os == "windows",
@@ -221,6 +282,7 @@ def _machine_image_vm(
 
 def _image_vm(
     name: str,
+    image: pulumi.Input[str],
     route: GcloudRoute,
     shape: ResolvedShape,
     ttl_seconds: int,
@@ -235,7 +297,7 @@ def _image_vm(
         boot_disk=gcp.compute.InstanceBootDiskArgs(
             auto_delete=True,
             initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                image=route.image,
+                image=image,
                 size=shape.disk_gb,
                 type=boot_disk_type(shape.machine_type),
                 labels=labels,

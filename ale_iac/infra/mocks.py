@@ -254,10 +254,22 @@ def _host_unit(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> Non
             outputs[key] = info.annotation() if isinstance(info.annotation, type) else None
 
 
+def _endpoint_token(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
+    """What ``EndpointTokenProvider.create`` would make: a token (a placeholder; never a real one)."""
+    outputs["token"] = "<token>" if mocks.symbolic_addresses else f"mock-token-{name}-0123456789"
+
+
+def _gce_image(mocks: RecordingMocks, name: str, outputs: dict[str, Any]) -> None:
+    del mocks, name
+    outputs["selfLink"] = f"projects/{outputs.get('project')}/global/images/{outputs.get('name')}"
+
+
 _COMPUTED: dict[str, Callable[[RecordingMocks, str, dict[str, Any]], None]] = {
+    "gcp:compute/image:Image": _gce_image,
     "gcp:compute/instance:Instance": _gce,
     "gcp:compute/instanceFromMachineImage:InstanceFromMachineImage": _gce,
     "aws:ec2/instance:Instance": _ec2,
     "alicloud:ecs/instance:Instance": _ecs,
     **{f"pulumi-python:dynamic/ale:{registry.get(kind).resource_type}": _host_unit for kind in registry.names()},
+    "pulumi-python:dynamic/ale:EndpointToken": _endpoint_token,
 }

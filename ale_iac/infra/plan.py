@@ -11,7 +11,9 @@ Stability, so that a committed plan only changes when the program does:
   rendered relative to deploy time (``<deploy+6h>``);
 * mock ids are ``<name>-id`` and instance addresses are symbolic (``<natIP>``);
 * resources are sorted by name; long texts (startup scripts) are printed once under ``blobs``
-  and referenced by digest.
+  and referenced by digest;
+* a secret input (an endpoint token in a VM's metadata, a dynamic provider) shows as ``[secret]``, and so
+  does the ``endpoint_token`` of a unit's handle: the plan says what is secret, never its value.
 
 The plan also runs the policy pack's checks (:mod:`ale_iac.infra.policy`) on the recorded inputs.
 """
@@ -156,11 +158,29 @@ def _symbolic_times(text: str) -> str:
     return _EPOCH_ISO.sub(iso, _EPOCH_LABEL.sub(label, text))
 
 
+SECRET = "[secret]"
+_SIG_KEY = "4dabf18193072939515e22adb298388d"
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+"""Pulumi's wire signature of a secret value (``pulumi.runtime.rpc``), as the mocks receive it."""
+
+
+def _redact_handles(handles: Any) -> Any:
+    """The units' handles with each endpoint token replaced by :data:`SECRET`."""
+    if not isinstance(handles, Mapping):
+        return handles
+    return {
+        name: {**h, "endpoint_token": SECRET} if isinstance(h, Mapping) and h.get("endpoint_token") else h
+        for name, h in handles.items()
+    }
+
+
 class _Renderer:
     def __init__(self) -> None:
         self.blobs: dict[str, str] = {}
 
     def value(self, value: Any) -> Any:
+        if isinstance(value, Mapping) and value.get(_SIG_KEY) == _SECRET_SIG:
+            return SECRET
         if isinstance(value, Mapping):
             return {str(k): self.value(value[k]) for k in sorted(value, key=str)}
         if isinstance(value, list | tuple):
@@ -220,7 +240,7 @@ def render(loaded: LoadedProfile, units: int | None = None, stack: str | None = 
     header = _header(loaded, stack, len(specs), len(resources), by_type, violations)
     body: dict[str, Any] = {
         "resources": resources,
-        "outputs": {"units": renderer.value(handles or {})},
+        "outputs": {"units": renderer.value(_redact_handles(handles or {}))},
     }
     if renderer.blobs:
         body["blobs"] = {digest: renderer.blobs[digest] for digest in sorted(renderer.blobs)}

@@ -41,6 +41,17 @@ PACK_NAME = "ale-iac-guardrails"
 DEFAULT_SERVER_PORTS = (8000,)
 GUEST_TTL_MARKER = "ale-iac time-to-live reached"
 """Text of the guest shutdown timer in EC2 user data (see ale_iac.infra.cloud_common)."""
+GUEST_AGENT_TTL = "\nale-ttl-seconds="
+"""The guest agent's time-to-live line in the user data of ale-iac's own disk (ale_iac.infra.endpoint_token)."""
+_SECRET = ("4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270")
+
+
+def _plain(value: Any) -> Any:
+    """A value without Pulumi's secret wrapper (as the mocks record a secret input)."""
+    if isinstance(value, Mapping) and value.get(_SECRET[0]) == _SECRET[1]:
+        return value.get("value")
+    return value
+
 
 GCE_VM_TYPES = frozenset(
     {"gcp:compute/instance:Instance", "gcp:compute/instanceFromMachineImage:InstanceFromMachineImage"}
@@ -103,12 +114,12 @@ def vm_ttl_violations(resource_type: str, props: Mapping[str, Any]) -> list[str]
         problems = []
         if props.get("instanceInitiatedShutdownBehavior") != "terminate":
             problems.append('instanceInitiatedShutdownBehavior must be "terminate" (a guest shutdown only stops it)')
-        text = str(props.get("userData") or "")
+        text = str(_plain(props.get("userData")) or "")
         encoded = props.get("userDataBase64")
         if encoded:
             with contextlib.suppress(binascii.Error, ValueError):
                 text += base64.b64decode(str(encoded)).decode(errors="replace")
-        if GUEST_TTL_MARKER not in text:
+        if GUEST_TTL_MARKER not in text and GUEST_AGENT_TTL not in text:
             problems.append("user data has no ale-iac guest shutdown timer (EC2 has no cloud-side TTL)")
         return problems
     if resource_type == ECS_VM_TYPE:

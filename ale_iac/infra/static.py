@@ -36,4 +36,15 @@ def declare_unit(unit: UnitSpec, snapshot: str, route: StaticRoute, ctx: Declare
         "expires_at": None,
         "managed": False,
         "reset": route.reset,
+        **_token(route),
     }
+
+
+def _token(route: StaticRoute) -> dict[str, Any]:
+    """The endpoints' token (``endpoint_token_env``), as a secret output; nothing when the route has none."""
+    token = route.endpoint_token()
+    if token is None:
+        return {}
+    import pulumi
+
+    return {"endpoint_token": pulumi.Output.secret(token)}

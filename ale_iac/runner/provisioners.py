@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from pydantic import SecretStr
+
 from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, one_line
@@ -212,6 +214,7 @@ def static_pool(profile: Profile, backend_url: str | None = None) -> Pool | None
     units: dict[str, UnitOutputs] = {}
     for snapshot, route in routes.items():
         assert isinstance(route, StaticRoute)
+        token = route.endpoint_token()
         for i, endpoint in enumerate(route.endpoints):
             name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', snapshot)}-{i}"
             units[name] = UnitOutputs(
@@ -225,6 +228,7 @@ def static_pool(profile: Profile, backend_url: str | None = None) -> Pool | None
                 paths=route.paths,
                 labels={"profile": profile.name, "unit": name},
                 managed=False,
+                endpoint_token=SecretStr(token) if token else None,
             )
     return Pool(
         stack,

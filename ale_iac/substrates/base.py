@@ -192,8 +192,9 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     transport: ClassVar[BulkTransport | None] = None
     """Its bulk transport when it has :attr:`Capability.BULK_TRANSPORT`."""
-    image_export: ClassVar[str | None] = None
-    """The name of the image export it needs beyond the rootfs (``ale-iac images build --export <it>``)."""
+    image_exports: ClassVar[tuple[str, ...]] = ()
+    """The image exports it makes beyond the rootfs (``ale-iac images build --export <one>``): the one it
+    needs itself first, then any it makes for others (qemu: ``qcow2``, then the cloud disks)."""
 
     # --- declaring ------------------------------------------------------------------------------------
 
@@ -253,9 +254,10 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
         builds) before a unit starts, with progress on ``log``."""
         del routes, log
 
-    def export_image(self, name: str, log: LogFn | None) -> str:
-        """Make :attr:`image_export` of the built image ``name``; returns where it is (a path, a tag)."""
-        del name, log
+    def export_image(self, name: str, target: str, log: LogFn | None) -> str:
+        """Make the export ``target`` (one of :attr:`image_exports`) of the built image ``name``; returns where
+        it is (a path, a tag)."""
+        del name, target, log
         raise MissingCapabilityError(f"the {self.name} substrate has no image export")
 
     def units_on_image(self, rootfs: Path) -> list[str]:

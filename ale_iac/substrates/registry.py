@@ -82,7 +82,7 @@ def export_targets() -> tuple[str, ...]:
     """Every export a built image can be made into: the image cache's own and the substrates'."""
     from ale_iac.images import EXPORT_TARGETS
 
-    own = tuple(s.image_export for s in all_substrates() if s.image_export is not None)
+    own = tuple(target for s in all_substrates() for target in s.image_exports)
     return (*EXPORT_TARGETS, *own)
 
 
@@ -94,6 +94,6 @@ def export_image(name: str, target: str, log: LogFn) -> str:
     if target in EXPORT_TARGETS:
         return export_own(name, target, log=log)
     for substrate in all_substrates():
-        if substrate.image_export == target:
-            return substrate.export_image(name, log)
+        if target in substrate.image_exports:
+            return substrate.export_image(name, target, log)
     raise AleIacError(f"unknown image export target {target!r} (known: {', '.join(export_targets())})")

@@ -95,6 +95,8 @@ def test_plan_units_option_sizes_a_pool_like_the_pulumi_program_under_mocks() ->
     assert (plan.unit_count, plan.resource_count) == (5, 20)
     assert "# units: 5, resources: 20" in plan.text
     assert [u.name for u in stack_units(resolve_profile("gcloud"), 2)] == [
+        "ale-desktop-000",
+        "ale-desktop-001",
         "cpu-free-ubuntu-000",
         "cpu-free-ubuntu-001",
         "gpu-free-000",
@@ -107,7 +109,7 @@ def test_plan_cli_writes_the_file_and_prints_a_summary_under_mocks(tmp_path: Pat
     result = CliRunner().invoke(cli(), ["plan", "--profile", "aliyun", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_text() == shipped_plan_path("aliyun").read_text()
-    assert f"wrote {out}: 1 unit(s), 6 resource(s), 0 policy violation(s)" in result.output
+    assert f"wrote {out}: 2 unit(s), 13 resource(s), 0 policy violation(s)" in result.output
     stdout = CliRunner().invoke(cli(), ["plan", "-p", "aliyun"])
     assert stdout.exit_code == 0 and stdout.output == out.read_text()
 

@@ -66,7 +66,7 @@ def test_a_capability_is_had_whole_or_not_at_all(name: str) -> None:
     assert (Capability.BULK_TRANSPORT in has) == (substrate.transport is not None)
     assert (Capability.RESTORE in has) == _overrides(substrate, "reset")
     assert (Capability.LIMITS in has) == _overrides(substrate, "limits")
-    assert (substrate.image_export is not None) == _overrides(substrate, "export_image")
+    assert bool(substrate.image_exports) == _overrides(substrate, "export_image")
     channel = substrate.model_channel()  # what the handles carry as gateway_channel
     assert (Capability.HOST_CHANNEL in has) == (channel is not None)
     assert channel is None or channel.sandbox_url == "http://127.0.0.1:4010"

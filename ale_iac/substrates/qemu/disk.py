@@ -25,11 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
 from ale_iac.clock import utc_now
 from ale_iac.errors import AleIacError
+
+if TYPE_CHECKING:
+    from ale_iac.image_build import ExportContext
 
 LogFn = Callable[[str], None]
 
@@ -88,7 +92,29 @@ def find_export(image_dir: Path) -> QemuDisk | None:
     return found if (found.path / MANIFEST).is_file() else None
 
 
+ExportEnv = dict[str, str]
+"""The environment of an export script: the image builder's chroot environment plus the host's apt and CA."""
+
+
+def script_env(env: dict[str, str], apt_conf: str, ca_bundle: Path | None) -> ExportEnv:
+    found = {**env, "ALE_APT_CONF": apt_conf}
+    if ca_bundle is not None:
+        found["ALE_CA_BUNDLE"] = str(ca_bundle)
+    return found
+
+
+def export_env(context: ExportContext) -> ExportEnv:
+    """The export scripts' environment for a built image (its :class:`~ale_iac.image_build.ExportContext`)."""
+    return script_env(context.env, context.apt_conf, context.ca_bundle)
+
+
 def _run(step: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> float:
+    return run_step(step, "qcow2", argv, log_path, env)
+
+
+def run_step(step: str, what: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> float:
+    """Run one step of the ``what`` export, its output appended to ``log_path``; its seconds, or an error
+    naming the step with the log's tail."""
     started = time.monotonic()
     with log_path.open("ab") as logf:
         logf.write(f"\n=== {step}: {' '.join(argv)}\n".encode())
@@ -98,7 +124,7 @@ def _run(step: str, argv: list[str], log_path: Path, env: dict[str, str] | None 
         )
     if done.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        raise QemuDiskError(f"qcow2 export: step '{step}' failed with exit code {done.returncode}\n{tail}")
+        raise QemuDiskError(f"{what} export: step '{step}' failed with exit code {done.returncode}\n{tail}")
     return round(time.monotonic() - started, 2)
 
 
@@ -113,7 +139,7 @@ def export_qcow2(
     existing = find_export(image_dir)
     if existing is not None:
         return existing
-    _check_export_host()
+    check_export_host()
     digest = export_hash()
     final = image_dir / f"qcow2-{digest}"
     with FileLock(str(image_dir / f".qcow2-{digest}.lock")):
@@ -122,7 +148,7 @@ def export_qcow2(
             return existing
         for stale in image_dir.glob(f".qcow2-{digest}-build-*"):
             log(f"removing the leftover of an interrupted export: {stale}")
-            _remove(stale)
+            remove_tree(stale)
         work = image_dir / f".qcow2-{digest}-build-{os.getpid()}"
         out = work / "out"
         work.mkdir()
@@ -130,17 +156,14 @@ def export_qcow2(
         log(f"exporting {image_dir.name} as qcow2 ({final.name})")
         started = time.monotonic()
         try:
-            script_env = {**env, "ALE_APT_CONF": apt_conf}
-            if ca_bundle is not None:
-                script_env["ALE_CA_BUNDLE"] = str(ca_bundle)
-            steps = _export_steps(rootfs, work, script_env, log_path, log)
+            steps = _export_steps(rootfs, work, script_env(env, apt_conf, ca_bundle), log_path, log)
             manifest = {
                 "export_hash": digest,
                 "image": image_dir.name,
                 "built_at": utc_now("seconds"),
                 "export_seconds": round(time.monotonic() - started, 1),
                 "steps": steps,
-                "kernel": _kernel_version(log_path),
+                "kernel": kernel_version(log_path),
                 "disk_bytes": (out / DISK).stat().st_size,
                 "disk_gb": DISK_GB,
             }
@@ -150,12 +173,12 @@ def export_qcow2(
                 (out / name).chmod(0o444)
             out.rename(final)
         finally:
-            _remove(work)
+            remove_tree(work)
     log(f"qcow2 export {final} made in {time.monotonic() - started:.1f} s")
     return QemuDisk(final, digest)
 
 
-def _check_export_host() -> None:
+def check_export_host() -> None:
     if os.geteuid() != 0:
         raise QemuDiskError("exporting a qcow2 disk needs root (overlay mount, chroot, mkfs); run it as root")
     for tool, package in (("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs"), ("unshare", "util-linux")):
@@ -175,18 +198,18 @@ def _export_steps(rootfs: Path, work: Path, script_env: dict[str, str], log_path
     convert = ["qemu-img", "convert", "-O", "qcow2", str(out / "disk.raw"), str(out / DISK)]
     steps["qcow2"] = _run("qcow2", convert, log_path)
     (out / "disk.raw").unlink()
-    _remove(work / "tree")
+    remove_tree(work / "tree")
     return steps
 
 
-def _kernel_version(log_path: Path) -> str | None:
+def kernel_version(log_path: Path) -> str | None:
     for line in log_path.read_text(errors="replace").splitlines():
         if line.startswith("Setting up linux-image-"):
             return line.split()[2]
     return None
 
 
-def _remove(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """Delete a work tree; the overlay lived in a mount namespace that is gone, but check anyway."""
     if not path.exists():
         return
@@ -214,11 +237,11 @@ def ensure_export(name: str = "desktop", log: LogFn | None = None) -> QemuDisk:
         env=context.env,
         apt_conf=context.apt_conf,
         ca_bundle=context.ca_bundle,
-        log=log or _stderr_log,
+        log=log or stderr_log,
     )
 
 
-def _stderr_log(message: str) -> None:
+def stderr_log(message: str) -> None:
     import sys
 
     print(message, file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ from ale_iac.substrates.base import (
     UnitState,
 )
 from ale_iac.substrates.isolation import IsolationProbe
-from ale_iac.substrates.qemu import disk, launcher, runtime, saved
+from ale_iac.substrates.qemu import cloud, cloud_boot, disk, launcher, runtime, saved
 from ale_iac.substrates.qemu import share as guest_share
 from ale_iac.substrates.qemu.isolation import QemuIsolation
 
@@ -115,7 +115,8 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         {Capability.BULK_TRANSPORT, Capability.HOST_CHANNEL, Capability.RESTORE}
     )
     transport: ClassVar[BulkTransport | None] = GuestShareTransport()
-    image_export: ClassVar[str | None] = "qcow2"
+    image_exports: ClassVar[tuple[str, ...]] = ("qcow2", *cloud.FORMATS)
+    """Its own qcow2, and the cloud disks (``cloud.py``): the same guest, booted by the clouds instead of QEMU."""
 
     def inputs_for(self, unit: UnitSpec, route: QemuRoute, name_prefix: str, labels: dict[str, str]) -> QemuInputs:
         shape = unit.shape.over(route.shape)
@@ -139,7 +140,9 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         if any(route.runner == "container" for route in routes):
             image_build.build_image(RUNNER_IMAGE) if log is None else image_build.build_image(RUNNER_IMAGE, log=log)
 
-    def export_image(self, name: str, log: LogFn | None) -> str:
+    def export_image(self, name: str, target: str, log: LogFn | None) -> str:
+        if target in cloud.FORMATS:
+            return str(cloud.ensure_cloud_export(name, target, log))
         return str(disk.ensure_export(name, log).disk)
 
     def create(self, sandbox_id: str, inputs: QemuInputs) -> QemuState:
@@ -198,8 +201,8 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
         return [HostUnit(info.sandbox_id, info.labels.get("stack")) for info in runtime.list_sandboxes()]
 
     def leftovers(self) -> list[Leftover]:
-        """Runner containers whose unit folder is gone, and the folders of saved-state boots whose saver was
-        killed (nobody holds their lock)."""
+        """Runner containers whose unit folder is gone, the folders of saved-state boots whose saver was
+        killed (nobody holds their lock), and cloud disk boots (``cloud_boot.py``) whose starter is gone."""
         found = [
             Leftover(
                 "container",
@@ -217,6 +220,15 @@ class QemuSubstrate(Substrate[QemuInputs, QemuState, QemuRoute]):
                 functools.partial(saved.remove_build, build),
             )
             for build in saved.stale_builds()
+        ]
+        found += [
+            Leftover(
+                "folder",
+                guest_dir.name,
+                f"cloud disk boot {guest_dir} (QEMU pid {pid}, its starter gone)",
+                functools.partial(cloud_boot.remove_orphan, pid, guest_dir),
+            )
+            for pid, guest_dir in cloud_boot.orphans()
         ]
         return found
 
