@@ -280,9 +280,20 @@ def qemu_pids(unit_dir: Path) -> list[int]:
 
 def _names_unit(cmdline: list[str], unit_dir: Path) -> bool:
     """Whether a command line is a QEMU of ``unit_dir``: its ``-name`` marker, or (a unit started before QEMU
-    ran unprivileged) its overlay in the unit folder itself."""
+    ran unprivileged) its overlay in the unit folder itself; or the launch script that will exec that QEMU
+    (its ``--unit-dir``): until it does, the recorded pid is the script's, and a unit whose starter was killed
+    then must still count as running, or gc would pass over a QEMU that starts a moment later."""
     marker, overlay = name_marker(unit_dir), f"file={unit_dir}/disk.qcow2,"
-    return any(marker in arg or overlay in arg for arg in cmdline)
+    # The marker's closing comma is single: ``a,`` must not match ``a,,b,`` (the folder ``a,b``).
+    if any((arg.startswith(marker) and not arg.startswith(marker + ",")) or overlay in arg for arg in cmdline):
+        return True
+    return str(LAUNCH_SCRIPT) in cmdline[:2] and _argument(cmdline, "--unit-dir") == str(unit_dir)
+
+
+def _argument(cmdline: list[str], flag: str) -> str | None:
+    with contextlib.suppress(ValueError, IndexError):
+        return cmdline[cmdline.index(flag) + 1]
+    return None
 
 
 def kill(launched: Launched, unit_dir: Path) -> None:

@@ -165,6 +165,7 @@ def test_the_unit_folder_is_root_only_but_for_qemu_s_own(start_unit: StartFn) ->
 @pytest.mark.engine
 def test_a_start_killed_midway_is_found_and_removed_by_gc(qemu_disk: QemuDisk) -> None:
     import json
+    import os
     import signal
     import subprocess
     import sys
@@ -192,9 +193,15 @@ def test_a_start_killed_midway_is_found_and_removed_by_gc(qemu_disk: QemuDisk) -
     finally:
         starter.send_signal(signal.SIGKILL)
         starter.wait()
-    info = runtime.inspect(spec.sandbox_id)
-    assert info is not None and info.running
-    report = collect(Engine())
-    assert spec.sandbox_id in report.sandboxes_stopped, report
-    assert runtime.inspect(spec.sandbox_id) is None
-    assert qemu_pids(info.unit_dir) == []
+    unit_dir = runtime.unit_dir_of(spec.sandbox_id)
+    try:
+        # At once: the recorded pid may still be the launch script's, before it execs QEMU.
+        info = runtime.inspect(spec.sandbox_id)
+        assert info is not None and info.running
+        report = collect(Engine())
+        assert spec.sandbox_id in report.sandboxes_stopped, report
+        assert runtime.inspect(spec.sandbox_id) is None
+        assert qemu_pids(unit_dir) == []
+    finally:
+        for pid in qemu_pids(unit_dir):  # a failed check leaves no QEMU behind
+            os.kill(pid, signal.SIGKILL)
