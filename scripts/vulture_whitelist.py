@@ -109,3 +109,9 @@ image_tag  # unused variable (ale_iac/substrates/docker/substrate.py)
 host_socket  # unused variable (ale_iac/contract.py)
 gateway_socket  # unused variable (ale_iac/substrates/local/runtime.py, substrate.py)
 pytest_generate_tests  # unused function (tests/substrates/test_isolation.py: a pytest hook)
+_._one_way_out  # unused method (ale_iac/profile.py: a pydantic validator)
+# the egress proxy's plugin, loaded by proxy.py by its name, and its hooks (ale_iac/substrates/egress_proxy.py)
+EgressPlugin  # unused class
+_.before_upstream_connection  # unused method
+_.resolve_dns  # unused method
+_.on_access_log  # unused method
