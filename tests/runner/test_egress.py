@@ -35,7 +35,7 @@ def test_a_unit_gets_its_routes_policy_narrowed_by_its_card() -> None:
 
 
 def test_a_card_that_widens_or_has_nothing_to_narrow_is_refused() -> None:
-    with pytest.raises(ValueError, match="not covered by the route: example.com"):
+    with pytest.raises(ValueError, match=r"not covered by the route: example\.com"):
         policy_for(PROFILE, _card(egress={"allow": ["example.com"]}))
     with pytest.raises(ValueError, match="its route has none"):
         policy_for(PROFILE, _card("closed", egress={"allow": ["pypi.org"]}))
