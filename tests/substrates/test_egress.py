@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 from collections.abc import Coroutine, Iterator
@@ -72,31 +73,66 @@ def _policy(net: FakeInternet, allow: list[str]) -> EgressPolicy:
     return EgressPolicy(allow=allow, deny=["deny.wild.test"], ports=[80, 443], resolver=net.dns)
 
 
-def _start_units(kind: str, count: int, image: Any) -> tuple[list[Endpoint], Any]:
-    """``count`` units of ``kind``, ready; and how to stop them."""
+def _runtime(kind: str) -> Any:
     if kind == "docker":
         from ale_iac.substrates.docker import runtime as docker_runtime
 
-        states = [
-            docker_runtime.start(docker_runtime.DockerSandboxSpec(sandbox_id=new_sandbox_id("egress"), image=image))
-            for _ in range(count)
-        ]
-        return [Endpoint(s.endpoint, s.token) for s in states], lambda: [
-            docker_runtime.stop(s.sandbox_id) for s in states
-        ]
+        return docker_runtime
+    if kind == "qemu":
+        from ale_iac.substrates.qemu import runtime as qemu_runtime
+
+        return qemu_runtime
     from ale_iac.substrates.local import runtime as local_runtime
+
+    return local_runtime
+
+
+def _spec(kind: str, image: Any) -> Any:
+    sandbox_id = new_sandbox_id("egress")
+    if kind == "docker":
+        return _runtime(kind).DockerSandboxSpec(sandbox_id=sandbox_id, image=image)
+    if kind == "qemu":
+        return _runtime(kind).QemuSandboxSpec(
+            sandbox_id=sandbox_id, disk=image.disk, kernel=image.kernel, initrd=image.initrd
+        )
     from ale_iac.substrates.local.sandboxes import LocalSandboxSpec
 
-    states = [
-        local_runtime.start(LocalSandboxSpec(sandbox_id=new_sandbox_id("egress"), rootfs=str(image.rootfs)))
-        for _ in range(count)
-    ]
-    return [Endpoint.of(s) for s in states], lambda: [local_runtime.stop(s.sandbox_id) for s in states]
+    return LocalSandboxSpec(sandbox_id=sandbox_id, rootfs=str(image.rootfs))
+
+
+@contextlib.contextmanager
+def started_units(kind: str, count: int, image: Any) -> Iterator[list[Endpoint]]:
+    """``count`` units of ``kind``, ready; every one started is stopped at the end, whatever happened."""
+    runtime, states = _runtime(kind), []
+    try:
+        for _ in range(count):
+            states.append(runtime.start(_spec(kind, image)))
+        endpoints = [Endpoint.of(s) if kind == "local" else Endpoint(s.endpoint, s.token) for s in states]
+        for endpoint in endpoints:
+            wait_for_status(endpoint)
+        yield endpoints
+    finally:
+        for state in states:
+            runtime.stop(state.sandbox_id)
+
+
+def _image(request: pytest.FixtureRequest, kind: str, desktop_image: ImageInfo) -> Any:
+    if kind == "docker":
+        return request.getfixturevalue("docker_image")
+    if kind == "qemu":
+        from ale_iac.substrates.qemu.disk import ensure_export
+
+        return ensure_export(desktop_image.name)
+    return desktop_image
 
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("local", marks=pytest.mark.sandbox), pytest.param("docker", marks=pytest.mark.docker)],
+    params=[
+        pytest.param("local", marks=pytest.mark.sandbox),
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(900)]),
+    ],
 )
 def units(
     request: pytest.FixtureRequest,
@@ -106,25 +142,21 @@ def units(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Unit, Unit]]:
     """Two units of one substrate: A may reach the policy's names, B nothing; each has its own proxy."""
-    image = request.getfixturevalue("docker_image") if request.param == "docker" else desktop_image
     root = tmp_path_factory.mktemp("egress")
-    endpoints, stop = _start_units(request.param, 2, image)
-    started: list[UnitEgress] = []
-    try:
-        for endpoint in endpoints:
-            wait_for_status(endpoint)
-        allow = [["allowed.test", "*.wild.test", f"{internet.addresses['other.test']}/32"], []]
-        for endpoint, names in zip(endpoints, allow, strict=True):
-            assert endpoint.token is not None
-            egress = UnitEgress(endpoint.url, endpoint.token, _policy(internet, names), root=root)
-            loop.run(egress.start())
-            started.append(egress)
-        yield Unit(endpoints[0], started[0]), Unit(endpoints[1], started[1])
-    finally:
-        for egress in started:
-            loop.run(egress.stop())
-        stop()
-        assert not list(root.iterdir()), "an egress folder was left behind"
+    allow = [["allowed.test", "*.wild.test", f"{internet.addresses['other.test']}/32"], []]
+    with started_units(request.param, 2, _image(request, request.param, desktop_image)) as endpoints:
+        started: list[UnitEgress] = []
+        try:
+            for endpoint, names in zip(endpoints, allow, strict=True):
+                assert endpoint.token is not None
+                egress = UnitEgress(endpoint.url, endpoint.token, _policy(internet, names), root=root)
+                loop.run(egress.start())
+                started.append(egress)
+            yield Unit(endpoints[0], started[0]), Unit(endpoints[1], started[1])
+        finally:
+            for egress in started:
+                loop.run(egress.stop())
+    assert not list(root.iterdir()), "an egress folder was left behind"
 
 
 QUERY = "123401000001000000000000" + "07616c6c6f776564" + "0474657374" + "0000010001"
