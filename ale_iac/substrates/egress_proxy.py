@@ -47,6 +47,9 @@ LOG_FIELDS: Final = ("time", "host", "port", "method", "allowed", "reason", "add
 the verdict and its rule, the address connected to, bytes the proxy parsed from the unit (for a CONNECT
 tunnel: its request head only) and bytes from the destination."""
 DNS_TIMEOUT_S: Final = 3.0
+BUFFER: Final = 1 << 20
+"""proxy.py's receive and send sizes (its defaults, 128 and 64 KiB, cap a download through it at about a
+tenth of this host's loopback rate: bench/bench_egress.py)."""
 PLUGIN: Final = "ale_iac.substrates.egress_proxy.EgressPlugin"
 """By its importable name: run as ``-m``, this module is ``__main__``."""
 
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
     flags = ["--unix-socket-path", str(args.socket), "--plugins", PLUGIN, "--threaded"]
     flags += ["--num-acceptors", "1", "--num-workers", "1", "--log-level", "WARNING", "--timeout", "30"]
+    for name in ("client-recvbuf", "server-recvbuf", "max-sendbuf"):
+        flags += [f"--{name}-size", str(BUFFER)]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with Proxy(flags):
