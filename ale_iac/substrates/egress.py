@@ -195,8 +195,10 @@ def _kill_group(pid: int, started: float | None) -> None:
             if procs.wait_gone(pid, started, STOP_TIMEOUT_S):
                 break
     for member in _group_members(pid):
+        started_member = procs.start_time(member)
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
+        procs.wait_gone(member, started_member, STOP_TIMEOUT_S)
 
 
 def _group_members(pgid: int) -> list[int]:
