@@ -414,7 +414,10 @@ def _agent_setups(listed: Any, units: list[UnitView]) -> list[AgentSetup]:
 
 EGRESS_FIELDS = ("time", "host", "port", "method", "allowed", "reason", "address", "bytes_out", "bytes_in")
 """What the report shows of an egress attempt (the fields of ``substrates.egress_proxy.LOG_FIELDS``)."""
-EGRESS_SUMMARY = ("policy", "attempts", "allowed", "refused", "bytes_out", "bytes_in")
+EGRESS_SUMMARY = (
+    *("policy", "attempts", "allowed", "refused", "bytes_out", "bytes_in"),
+    *("channel_bytes_out", "channel_bytes_in"),
+)
 
 
 def _egress_attempts(path: Path, problems: list[str]) -> list[dict[str, Any]]:

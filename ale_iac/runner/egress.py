@@ -59,7 +59,13 @@ async def close_egress(egress: UnitEgress, record: UnitRecord) -> dict[str, Any]
     attempts = await egress.stop()
     lines = "".join(json.dumps(dataclasses.asdict(a), separators=(",", ":")) + "\n" for a in attempts)
     (record.folder / EGRESS_LOG).write_text(lines, encoding="utf-8")
-    summary = {"policy": egress.policy.summary(), **summarize(attempts)}
+    up, down = egress.channel_bytes
+    summary = {
+        "policy": egress.policy.summary(),
+        **summarize(attempts),
+        "channel_bytes_out": up,
+        "channel_bytes_in": down,
+    }
     record.write_run(egress=summary)
     record.event("egress", **{k: v for k, v in summary.items() if k != "refused_destinations"})
     return summary

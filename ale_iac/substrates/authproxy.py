@@ -250,11 +250,16 @@ class _Connection:
         await close_writer(self.client_w)
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: Callable[[int], None] | None = None
+) -> None:
     """Copy until EOF, then half-close: the other direction may still be answering (shared with the relay and
-    the model channel; this module stays standard-library only, as it is copied into units)."""
+    the model channel; this module stays standard-library only, as it is copied into units). ``count`` is told
+    the size of every chunk copied (the egress channel's bytes per unit)."""
     try:
         while chunk := await reader.read(COPY_CHUNK):
+            if count is not None:
+                count(len(chunk))
             writer.write(chunk)
             await writer.drain()
     except (ConnectionError, OSError):

@@ -70,6 +70,9 @@ class ModelChannel:
         """Reverse connections open and waiting for an agent connection."""
         self.carried = 0
         """Agent connections carried so far."""
+        self.bytes_up = 0
+        """Bytes the unit sent through the channel (first bytes included), and below those it was sent."""
+        self.bytes_down = 0
 
     # lifecycle
 
@@ -192,12 +195,22 @@ class ModelChannel:
             return
         self._writers.add(gateway[1])
         self.carried += 1
+        self.bytes_up += len(first)
         try:
             gateway[1].write(first)
-            await asyncio.gather(authproxy.pipe(unit[0], gateway[1]), authproxy.pipe(gateway[0], unit[1]))
+            await asyncio.gather(
+                authproxy.pipe(unit[0], gateway[1], self._count_up),
+                authproxy.pipe(gateway[0], unit[1], self._count_down),
+            )
         finally:
             await self._drop(gateway[1])
             await self._drop(unit[1])
+
+    def _count_up(self, size: int) -> None:
+        self.bytes_up += size
+
+    def _count_down(self, size: int) -> None:
+        self.bytes_down += size
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:

@@ -113,6 +113,9 @@ class UnitEgress:
         self.log = self.folder / "attempts.jsonl"
         self.proc: subprocess.Popen[bytes] | None = None
         self.channel: ModelChannel | None = None
+        self.channel_bytes = (0, 0)
+        """Bytes the unit sent and received through its egress channel, all connections (a CONNECT tunnel's
+        included, which the proxy's log counts only one way); set by :meth:`stop`."""
 
     async def start(self) -> None:
         """Start the proxy (ready when its socket answers), then open the channel; on failure nothing is left."""
@@ -165,6 +168,7 @@ class UnitEgress:
         """Close the channel, stop the proxy (its whole group), read its log and remove its folder."""
         if self.channel is not None:
             await self.channel.aclose("the unit's egress ended")
+            self.channel_bytes = (self.channel.bytes_up, self.channel.bytes_down)
         if self.proc is not None:
             _kill_group(self.proc.pid, procs.start_time(self.proc.pid))
             self.proc.wait()

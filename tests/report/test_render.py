@@ -182,6 +182,8 @@ def test_a_units_egress_attempts_are_shown_allowed_and_refused(tmp_path: Path) -
         "bytes_out": 120,
         "bytes_in": 5000,
         "refused_destinations": ["<evil>.test:80"],
+        "channel_bytes_out": 900,
+        "channel_bytes_in": 5100,
     }
     (folder / "run.json").write_text(json.dumps(run))
     attempts = [
@@ -197,6 +199,7 @@ def test_a_units_egress_attempts_are_shown_allowed_and_refused(tmp_path: Path) -
     [page] = (out / "assets" / "units").glob("*.html")
     section = page.read_text().split('<section id="egress">', 1)[1].split("</section>", 1)[0]
     assert "Policy: <code>proxy: allow pypi.org; ports 80, 443</code>. 2 attempt(s): 1 allowed" in section
+    assert "900 bytes out, 5100 in through the unit's channel" in section
     assert "<td><code>pypi.org:443</code></td>" in section and "<td>allowed</td>" in section
     assert '<tr class="bad">' in section and "<td><code>&lt;evil&gt;.test:80</code></td>" in section
     assert "<td>no allow entry matches the name</td>" in section

@@ -89,6 +89,7 @@ def test_a_run_records_every_attempt_and_a_refused_setup_names_what_was_refused(
         run = json.loads((folder / "run.json").read_text())
         assert run["egress"]["allowed"] == allowed and run["egress"]["refused"] == denied, run["egress"]
         assert run["egress"]["policy"] == "proxy: allow allowed.test; ports 80, 443"
+        assert run["egress"]["channel_bytes_out"] >= run["egress"]["bytes_out"] > 0
         lines = [json.loads(line) for line in (folder / "egress.jsonl").read_text().splitlines()]
         assert [(x["host"], x["allowed"]) for x in lines] == [
             ("allowed.test" if allowed else "other.test", bool(allowed))

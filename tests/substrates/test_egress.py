@@ -216,6 +216,8 @@ def test_an_allowed_host_is_reached_over_http_and_over_https_through_connect(
     }
     assert all(x.bytes_in > 0 for x in attempts)
     assert any(x.method == "CONNECT" and x.bytes_in > 2000 for x in attempts)
+    channel = a.egress.channel  # every byte both ways, a tunnel's included (its TLS handshake, the request)
+    assert channel is not None and channel.bytes_up > 300 and channel.bytes_down > 2000
 
 
 def test_a_denied_host_is_refused_and_logged(units: tuple[Unit, Unit]) -> None:
