@@ -1,5 +1,5 @@
 """What a unit's egress policy costs: its proxy (``substrates.egress``) against a direct route, on the same
-fake internet (``tests/support/fake_internet.py``: a namespace of this script's own on 198.18.x.0/24).
+fake internet (``tests/support/fake_internet.py``: a namespace of this script's own on a /24 of 198.18.0.0/15).
 
     .venv/bin/python bench/bench_egress.py [--substrates local docker] [--requests 30] [--mb 50] [--units 3]
 

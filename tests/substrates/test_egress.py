@@ -24,6 +24,9 @@ from ale_iac.substrates.relay import unix_connector
 from tests.support.fake_internet import FakeInternet, fake_internet
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 
+# One worker runs the module: its units and fake internet are made once and shared by every test.
+pytestmark = pytest.mark.xdist_group("egress")
+
 T = TypeVar("T")
 NAMES = ["allowed.test", "other.test", "wild.test", "a.wild.test", "deep.b.wild.test", "deny.wild.test", "xwild.test"]
 

@@ -1,6 +1,7 @@
-"""A fake internet for egress tests: a network namespace the test makes, behind a veth pair on a 198.18.0.0/15
-(benchmarking) /24, with a DNS server (dnslib) and, per name, an HTTP server (port 80) and an HTTPS server
-(port 443, a self-signed certificate made for the test) that answer with the name they serve.
+"""A fake internet for egress tests: a network namespace the test makes, behind a veth pair on a /24 of
+198.18.0.0/15 (benchmarking; 198.19.x.0/24), with a DNS server (dnslib) and, per name, an HTTP server (port 80)
+and an HTTPS server (port 443, a self-signed certificate made for the test) that answer with the name they
+serve.
 
 Nothing in it resolves a real name or leaves the machine: the host reaches it through the veth's connected
 route only, and its DNS server knows only the names the test gives it.
@@ -70,6 +71,14 @@ class FakeInternet:
     """The /24's first three octets."""
 
 
+def _free_subnet() -> str:
+    """A /24 of 198.19.0.0/16 (the benchmarking range's upper half: the other tests' namespaces take /30s of
+    198.18.0.0/16) that no interface of this host has an address in, picked at random among those."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    free = [n for n in range(256) if f" 198.19.{n}." not in used]
+    return f"198.19.{free[secrets.randbelow(len(free))]}"
+
+
 def _make_cert(folder: Path) -> tuple[Path, Path]:
     cert, key = folder / "cert.pem", folder / "key.pem"
     openssl = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=fake.test", "-days", "1"]
@@ -87,7 +96,7 @@ def fake_internet(names: list[str], folder: Path) -> Iterator[FakeInternet]:
     only if listed twice) in a fresh namespace, until the block ends; then nothing of it is left."""
     tag = secrets.token_hex(3)
     namespace, host_if, ns_if = f"ale-fi-{tag}", f"fh{tag}", f"fn{tag}"
-    subnet = f"198.18.{secrets.randbelow(256)}"
+    subnet = _free_subnet()
     addresses = {name: f"{subnet}.{10 + i}" for i, name in enumerate(names)}
     dns = f"{subnet}.2"
     setup = [
