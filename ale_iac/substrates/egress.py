@@ -120,7 +120,8 @@ class UnitEgress:
     async def start(self) -> None:
         """Start the proxy (ready when its socket answers), then open the channel; on failure nothing is left."""
         try:
-            await asyncio.to_thread(self._start_proxy)
+            self._start_proxy()  # in this thread: the proxy's death signal follows the thread that forked it
+            await asyncio.to_thread(self._wait_ready)
             self.channel = ModelChannel(
                 self.endpoint, self._token, unix_connector(str(self.socket)), path=authproxy.EGRESS_PATH
             )
@@ -143,13 +144,10 @@ class UnitEgress:
                 stderr=errors,
                 start_new_session=True,  # its own process group: proxy.py's acceptor is stopped with it
             )
-        owner: dict[str, list[Any]] = {
+        owner = {
             "runner": [os.getpid(), procs.start_time(os.getpid())],
-            "proxy": [self.proc.pid, None],
+            "proxy": [self.proc.pid, procs.start_time(self.proc.pid)],
         }
-        (self.folder / "owner.json").write_text(json.dumps(owner))
-        self._wait_ready()
-        owner["proxy"][1] = procs.start_time(self.proc.pid)
         (self.folder / "owner.json").write_text(json.dumps(owner))
 
     def _wait_ready(self) -> None:

@@ -23,6 +23,7 @@ from ale_iac.egress_policy import EgressPolicy
 from ale_iac.substrates.egress import UnitEgress
 unit = UnitEgress("http://127.0.0.1:9", "x" * 32, EgressPolicy(allow=["allowed.test"]), root=Path(sys.argv[1]))
 unit._start_proxy()  # the proxy alone: this runner is killed before it opens any channel
+unit._wait_ready()
 print(json.dumps([str(unit.folder), unit.proc.pid]), flush=True)
 sys.stdin.read()
 """
