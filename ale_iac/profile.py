@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.config_files import read_yaml, validate
 from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, ConfigError, Problems, did_you_mean
 from ale_iac.paths import project_root
 
@@ -49,6 +50,12 @@ HOST_RESET_DESCRIPTION = (
 )
 
 
+EGRESS_DESCRIPTION = (
+    "Where units may connect, through a per-unit egress proxy on the host (docs/isolation.md, Egress): "
+    "allow (domains, '*.' wildcards, CIDRs), deny (wins), ports. None: no network at all."
+)
+
+
 class HostRoute(StrictModel):
     """What every route to a host substrate (``ale_iac/substrates/<provider>``) has."""
 
@@ -58,6 +65,21 @@ class HostRoute(StrictModel):
     screen_height: int = Field(default=800, ge=240, le=4320)
     shape: Shape = Field(default_factory=Shape, description="Default shape when a task gives none.")
     reset: ResetMode = Field(default="restore", description=HOST_RESET_DESCRIPTION)
+    egress: EgressPolicy | None = Field(default=None, description=EGRESS_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _one_way_out(self) -> HostRoute:
+        if self.egress is not None and getattr(self, "allow_outbound", False):
+            raise ValueError("give either allow_outbound: true (everything) or an egress policy, not both")
+        return self
+
+
+def egress_of(route: BaseModel) -> str:
+    """What a route lets its units reach, in one line (plans, records): everything, nothing, or the policy."""
+    if getattr(route, "allow_outbound", False):
+        return "everything (allow_outbound: true; no per-destination filter)"
+    policy = getattr(route, "egress", None)
+    return policy.summary() if isinstance(policy, EgressPolicy) else "none (no network but the unit's endpoint)"
 
 
 class LocalRoute(HostRoute):

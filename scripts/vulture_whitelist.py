@@ -87,6 +87,7 @@ agent_version  # unused variable (ale_iac/report/atif.py)
 truncated  # unused variable (ale_iac/report/model.py)
 _.wall_s  # unused property (ale_iac/report/model.py)
 href  # unused variable (ale_iac/report/render.py)
+egress_attempts  # unused variable (ale_iac/report/model.py)
 # called by a framework: html.parser (tests/report/test_render.py), selenium's options (tests/support/browser.py)
 _.handle_starttag  # unused method (tests/report/test_render.py)
 _.binary_location  # unused attribute (tests/support/browser.py)
@@ -111,3 +112,9 @@ host_socket  # unused variable (ale_iac/contract.py)
 gateway_socket  # unused variable (ale_iac/substrates/local/runtime.py, substrate.py)
 pytest_generate_tests  # unused function (tests/substrates/test_isolation.py: a pytest hook)
 do_PUT  # http.server calls it by the method name (tests/substrates/qemu/test_metadata.py)
+_._one_way_out  # unused method (ale_iac/profile.py: a pydantic validator)
+# the egress proxy's plugin, loaded by proxy.py by its name, and its hooks (ale_iac/substrates/egress_proxy.py)
+EgressPlugin  # unused class
+_.before_upstream_connection  # unused method
+_.resolve_dns  # unused method
+_.on_access_log  # unused method

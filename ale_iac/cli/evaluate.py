@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from ale_iac.profile import CleanupMode
+
+if TYPE_CHECKING:
+    from ale_iac.runner.gc import GcReport
 
 
 def evaluate(
@@ -78,8 +82,7 @@ def gc(
         typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:
         typer.echo(f"killed orphaned dynamic-provider process {pid}")
-    for folder in report.private_dirs_removed:
-        typer.echo(f"{'would remove' if dry_run else 'removed'} a killed process's private folder {folder}")
+    _echo_folders(report, dry_run)
     for folder in report.warm_bridges_removed:
         typer.echo(f"{'would remove' if dry_run else 'removed'} the folder of a killed run's warm bridges {folder}")
     for name in report.expired:
@@ -90,7 +93,20 @@ def gc(
         typer.echo(f"kept {name}: {why}")
     for problem in report.errors:
         typer.secho(f"error: {problem}", fg=typer.colors.RED, err=True)
-    if not (
+    if not _collected_anything(report):
+        typer.echo("nothing to collect")
+    raise typer.Exit(1 if report.errors else 0)
+
+
+def _echo_folders(report: GcReport, dry_run: bool) -> None:
+    for folder in report.private_dirs_removed:
+        typer.echo(f"{'would remove' if dry_run else 'removed'} a killed process's private folder {folder}")
+    for folder in report.egress_proxies_stopped:
+        typer.echo(f"{'would stop' if dry_run else 'stopped'} the egress proxy of a killed run {folder}")
+
+
+def _collected_anything(report: GcReport) -> bool:
+    return bool(
         report.state_repairs
         or report.destroyed
         or report.sandboxes_stopped
@@ -98,9 +114,8 @@ def gc(
         or report.containers_removed
         or report.warm_bridges_removed
         or report.private_dirs_removed
-    ):
-        typer.echo("nothing to collect")
-    raise typer.Exit(1 if report.errors else 0)
+        or report.egress_proxies_stopped
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -37,7 +37,7 @@ from ale_iac.config_files import read_yaml
 from ale_iac.contract import UnitSpec
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.infra.cloud_common import EXPIRY_FORMAT, use_clock
-from ale_iac.profile import LoadedProfile, resolve_profile, stacks_dir
+from ale_iac.profile import LoadedProfile, egress_of, resolve_profile, stacks_dir
 
 if TYPE_CHECKING:
     from ale_iac.infra.mocks import RecordedResource
@@ -289,7 +289,18 @@ def _header(
         header += [f"#   {v}" for v in violations]
     else:
         header.append("# policy pack: no violations")
-    return header
+    return header + _egress_lines(loaded)
+
+
+def _egress_lines(loaded: LoadedProfile) -> list[str]:
+    """What each route that reaches any network reaches: everything (``allow_outbound: true``) or its egress
+    policy, through the unit's proxy. Routes that reach none (the default) are not listed."""
+    lines = [
+        f"#   {snapshot} ({route.provider}): {egress_of(route)}"
+        for snapshot, route in sorted(loaded.profile.snapshots.items())
+        if getattr(route, "allow_outbound", False) or getattr(route, "egress", None) is not None
+    ]
+    return ["# egress (every other route: none):", *lines] if lines else []
 
 
 def render_profile(name_or_path: str, units: int | None = None) -> Plan:

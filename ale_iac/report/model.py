@@ -116,6 +116,10 @@ class UnitView:
     """The agent's preset as ``run.json`` records it."""
     grading: dict[str, Any] = field(default_factory=dict)
     """What the grader said beside the score (``eval_result.json``: ``Evaluation`` details, ALE's raw scores)."""
+    egress: dict[str, Any] = field(default_factory=dict)
+    """The summary of the unit's egress under its policy (``run.json``'s ``egress``); empty: it had none."""
+    egress_attempts: list[dict[str, Any]] = field(default_factory=list)
+    """Every attempt through the unit's egress proxy (``egress.jsonl``)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -408,6 +412,30 @@ def _agent_setups(listed: Any, units: list[UnitView]) -> list[AgentSetup]:
     return list(setups.values())
 
 
+EGRESS_FIELDS = ("time", "host", "port", "method", "allowed", "reason", "address", "bytes_out", "bytes_in")
+"""What the report shows of an egress attempt (the fields of ``substrates.egress_proxy.LOG_FIELDS``)."""
+EGRESS_SUMMARY = (
+    *("policy", "attempts", "allowed", "refused", "bytes_out", "bytes_in"),
+    *("channel_bytes_out", "channel_bytes_in"),
+)
+
+
+def _egress_attempts(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The attempts of a unit's egress proxy, one JSON object a line (a torn last line is a problem, not an error)."""
+    if not path.is_file():
+        return []
+    attempts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            problems.append(f"egress.jsonl line {number}: not JSON")
+            continue
+        if isinstance(entry, dict):
+            attempts.append({key: entry.get(key) for key in EGRESS_FIELDS})
+    return attempts
+
+
 def load_unit(folder: Path) -> UnitView:
     problems: list[str] = []
     agent, task, repeat = _name_parts(folder.name)
@@ -454,6 +482,9 @@ def load_unit(folder: Path) -> UnitView:
             problems.append(f"trajectory.json: {exc}")
     unit.errors = _errors(unit)
     unit.grading = _grading(_json(folder / "eval_result.json", problems))
+    egress = run.get("egress")
+    unit.egress = {key: egress.get(key, "?") for key in EGRESS_SUMMARY} if isinstance(egress, dict) else {}
+    unit.egress_attempts = _egress_attempts(folder / "egress.jsonl", problems)
     unit.outputs = _outputs(folder)
     if unit.failed or unit.errors:
         unit.logs = _log_tails(folder, _json(folder / "agent_result.json", problems))

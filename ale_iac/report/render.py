@@ -108,6 +108,13 @@ def offset(timestamp: str | None, start: dt.datetime | None) -> str:
     return f"+{duration((when - start).total_seconds())}" if start else when.strftime("%H:%M:%S")
 
 
+def epoch(seconds: float | None) -> str:
+    """A UTC epoch time (an egress attempt's) as its time of day, to the millisecond."""
+    if not isinstance(seconds, int | float):
+        return "-"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=PackageLoader("ale_iac.report", "templates"),
@@ -125,6 +132,7 @@ def _environment() -> Environment:
         compact=compact,
         detail=detail,
         breakable=breakable,
+        epoch=epoch,
     )
     env.globals.update(LONG_TEXT=LONG_TEXT, MAX_EVENTS=MAX_EVENTS, offset=offset)
     return env

@@ -27,11 +27,13 @@ from ale_iac.agent_sdk import CliInstall, load_deployer_class
 from ale_iac.agent_sdk.config import AgentConfig, ToolCatalog
 from ale_iac.agent_sdk.executor_registry import executor_class
 from ale_iac.bridges.warm import WARM_ENV, WarmBridges
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, ConfigError, Problems
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
+from ale_iac.runner.egress import policy_for
 from ale_iac.runner.experiment import Experiment, ExperimentSpec, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
 from ale_iac.runner.model_plan import LOG_NAME as PLAN_LOG
@@ -191,7 +193,19 @@ def _check_routes(experiment: Experiment, profile: Profile) -> None:
             profile.route(task.card.snapshot)
         except ConfigError as exc:
             problems.add(task.folder / task.card_file, _snapshot_field(task), exc.detail)
+            continue
+        try:
+            policy_for(profile, task.card)
+        except ValueError as exc:
+            problems.add(task.folder / task.card_file, "egress", str(exc))
     problems.raise_any()
+
+
+def _egress_of(profile: Profile | None) -> Callable[[UnitPlan], EgressPolicy | None]:
+    """Each unit's egress policy, from the profile's route for its task (a pool run's units have none yet)."""
+    if profile is None:
+        return lambda plan: None
+    return lambda plan: policy_for(profile, plan.task.card)
 
 
 def setup_record(experiment: Experiment, loaded: LoadedProfile | None) -> dict[str, Any]:
@@ -501,6 +515,7 @@ def run_experiment(
         secrets_env=secrets_env,
         on_phase=progress.phase,
         clis=clis,
+        egress=_egress_of(sources.profile),
     )
     try:
         with _shared_services(experiment, ctx, console), progress.display():

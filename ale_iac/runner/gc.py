@@ -31,7 +31,7 @@ from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.run_claims import read_claims, runs_dir
-from ale_iac.substrates import registry
+from ale_iac.substrates import egress, registry
 
 
 @dataclass
@@ -44,6 +44,8 @@ class GcReport:
     providers_killed: list[int] = field(default_factory=list)
     warm_bridges_removed: list[str] = field(default_factory=list)
     private_dirs_removed: list[str] = field(default_factory=list)
+    egress_proxies_stopped: list[str] = field(default_factory=list)
+    """Egress proxies (their folders) whose runner is gone: ``substrates.egress``."""
     containers_removed: list[str] = field(default_factory=list)
     state_repairs: list[filebackend.Damage] = field(default_factory=list)
     """Damaged files of the file backend, each with what was (with ``dry_run``: would be) done about it."""
@@ -105,6 +107,7 @@ def collect(
     collect_containers(dry_run=dry_run, report=report)
     report.warm_bridges_removed = [str(folder) for folder in sweep_stale_bridges(dry_run=dry_run)]
     report.private_dirs_removed = [str(folder) for folder in sweep_private_dirs(dry_run=dry_run)]
+    _collect_egress_proxies(dry_run, report)
     if not dry_run:
         engine.sweep_work_dirs()
         for claim in claims:
@@ -214,6 +217,13 @@ def _collect_substrate_units(
         for left in substrate.leftovers():
             done = report.containers_removed if left.kind == "container" else report.sandboxes_stopped
             _remove(left.remove, left.what, left.name, done, dry_run, report)
+
+
+def _collect_egress_proxies(dry_run: bool, report: GcReport) -> None:
+    """Stop the egress proxies whose runner is gone (each recorded in its folder: ``substrates.egress``)."""
+    for folder in egress.leftovers():
+        remove = functools.partial(egress.sweep, folder)
+        _remove(remove, f"egress proxy {folder}", str(folder), report.egress_proxies_stopped, dry_run, report)
 
 
 def _remove(

@@ -34,10 +34,12 @@ from ale_iac.agent_sdk import (
     make_executor,
 )
 from ale_iac.clock import utc_now
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode
 from ale_iac.runner import hook_output
+from ale_iac.runner.egress import blame_refusals, close_egress, open_egress
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.model_plan import ModelUpstream, plan_error_in
 from ale_iac.runner.provisioners import RETAINED, Provisioner
@@ -48,6 +50,7 @@ from ale_iac.runner.tasks import TaskDataMissingError, UnitTask, collect_dir
 from ale_iac.runner.unit_limits import record_limits
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
+from ale_iac.substrates.egress import UnitEgress
 from ale_iac.task import Evaluation, TaskSandbox
 
 HOOK_TIMEOUT_S = 300.0
@@ -82,6 +85,8 @@ class RunContext:
     model_upstream: ModelUpstream | None = None
     """Where every model grant goes instead of its preset's upstream: the run's scripted model server, when
     the run follows a model plan (``evaluate --model-plan``)."""
+    egress: Callable[[UnitPlan], EgressPolicy | None] = lambda plan: None
+    """Each unit's egress policy (its route's, narrowed by its task card's); None: no network."""
     model_plan: dict[str, Any] | None = None
     """The plan the run follows (its file and hash), recorded in each unit's run.json."""
 
@@ -127,6 +132,7 @@ class _Unit:
         self.error: str | None = None
         self.agent_s = 0.0
         self.handle: SandboxHandle | None = None
+        self.egress: UnitEgress | None = None
         task = plan.task
         previous = self.record.previous_run()
         self.attempt = int(previous.get("attempt", 1)) + 1 if previous else 1
@@ -181,6 +187,9 @@ class _Unit:
         self.record.event("interrupted")
 
     async def release(self, provisioner: Provisioner, handle: SandboxHandle | None) -> UnitOutcome:
+        if self.egress is not None:  # before the cleanup: its channel goes through the unit's endpoint
+            with contextlib.suppress(Exception):
+                await close_egress(self.egress, self.record)
         # Before the cleanup: a destroy or a reset takes the sandbox's limits and its count of OOM kills.
         if (oom := record_limits(handle, self.record)) and self.status is not UnitStatus.SUCCEEDED:
             self.error = oom if self.error is None else f"{self.error}; {oom}"
@@ -308,10 +317,15 @@ async def _work(unit: _Unit, provisioner: Provisioner) -> None:
     async with unit.phase("ready", UnitStatus.NOT_READY) as done:
         report = await wait_ready(handle, provisioner.ready_timeout_s)
         done.update(server_version=report.server_version, attempts=report.attempts)
+    if (policy := ctx.egress(plan)) is not None:
+        async with unit.phase("egress", UnitStatus.NOT_READY) as done:
+            unit.egress = await open_egress(handle, policy)
+            done["policy"] = policy.summary()
     async with handle.client() as client:
         sandbox = task.bind(handle, client)
         async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:
-            done["inputs_staged"] = await _stage_and_set_up(task, sandbox, unit.record)
+            with blame_refusals(unit.egress):
+                done["inputs_staged"] = await _stage_and_set_up(task, sandbox, unit.record)
         async with unit.phase("agent", UnitStatus.AGENT_FAILED) as done:
             started = time.monotonic()
             result = await _run_agent(plan, ctx, handle, sandbox, unit.record, task.instruction)

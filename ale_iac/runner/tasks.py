@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ale_iac.config_files import load_model
 from ale_iac.contract import Shape
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.sandbox import transport
 from ale_iac.sandbox.client import ComputerServerClient
@@ -53,6 +54,9 @@ class TaskCard(BaseModel):
     resources: Shape = Field(default_factory=Shape, description="Resource hints for the sandbox.")
     timeout_s: float | None = Field(default=None, gt=0, description="Agent time limit for this task.")
     tags: list[str] = Field(default_factory=list)
+    egress: EgressPolicy | None = Field(
+        default=None, description="Narrows its route's egress policy (never widens it): docs/isolation.md, Egress."
+    )
 
 
 Hook = Callable[[TaskSandbox], Awaitable[Any]]

@@ -53,6 +53,11 @@ CHANNEL_ACCEPTED: Final = (
 )
 MODEL_PORT: Final = 4010
 """The model channel's port on the unit's loopback (the agent's model base URL is ``http://127.0.0.1:4010``)."""
+EGRESS_PATH: Final = b"/.ale-iac/egress-channel"
+"""The egress channel's reserved path: the same pairing as the model channel's, carried by the host to the
+unit's egress proxy (``substrates.egress``) instead of the gateway."""
+EGRESS_PORT: Final = 4011
+"""The egress channel's port on the unit's loopback: ``HTTP_PROXY``/``HTTPS_PROXY`` in the unit point at it."""
 MAX_PARKED: Final = 16
 """Most idle host connections the model channel keeps; one more is refused (503)."""
 PAIR_TIMEOUT_S: Final = 30.0
@@ -155,11 +160,11 @@ class _Connection:
         connect: Connector,
         client_r: asyncio.StreamReader,
         client_w: asyncio.StreamWriter,
-        channel: _ModelChannel | None = None,
+        channels: dict[bytes, _ModelChannel] | None = None,
     ) -> None:
         self.token = token
         self.connect = connect
-        self.channel = channel
+        self.channels = channels or {}
         self.client_r = client_r
         self.client_w = client_w
         self.upstream_w: asyncio.StreamWriter | None = None
@@ -195,7 +200,7 @@ class _Connection:
             request = _Request(head, self.token)
             if not request.authorized:
                 raise _RefusedError("401 Unauthorized")
-            if request.path == CHANNEL_PATH:
+            if request.path in (CHANNEL_PATH, EGRESS_PATH):
                 await self._take_channel(request, first)
                 return
             upstream_w = self.upstream_w or await self._open_upstream()
@@ -207,17 +212,18 @@ class _Connection:
             first = False
 
     async def _take_channel(self, request: _Request, first: bool) -> None:
-        """The host's connection for the model channel: answered 101 and parked until an agent connection
-        is paired with it (then until both are done) or the host closes it."""
-        if self.channel is None:
+        """The host's connection for the model (or egress) channel: answered 101 and parked until an agent
+        connection is paired with it (then until both are done) or the host closes it."""
+        channel = self.channels.get(request.path)
+        if channel is None:
             raise _RefusedError("404 Not Found")
         if not first or request.upgrade_to != CHANNEL_PROTOCOL or request.content_length:
             raise _RefusedError("400 Bad Request")
-        if len(self.channel.idle) >= MAX_PARKED:
+        if len(channel.idle) >= MAX_PARKED:
             raise _RefusedError("503 Service Unavailable")
         self.client_w.write(CHANNEL_ACCEPTED)
         await self.client_w.drain()
-        await self.channel.park(self.client_r, self.client_w)
+        await channel.park(self.client_r, self.client_w)
 
     async def _open_upstream(self) -> asyncio.StreamWriter:
         upstream_r, self.upstream_w = await self.connect()
@@ -244,11 +250,16 @@ class _Connection:
         await close_writer(self.client_w)
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: Callable[[int], None] | None = None
+) -> None:
     """Copy until EOF, then half-close: the other direction may still be answering (shared with the relay and
-    the model channel; this module stays standard-library only, as it is copied into units)."""
+    the model channel; this module stays standard-library only, as it is copied into units). ``count`` is told
+    the size of every chunk copied (the egress channel's bytes per unit)."""
     try:
         while chunk := await reader.read(COPY_CHUNK):
+            if count is not None:
+                count(len(chunk))
             writer.write(chunk)
             await writer.drain()
     except (ConnectionError, OSError):
@@ -354,20 +365,28 @@ class AuthProxy:
         self.token = token.encode()
         self.connect = connect
         self.pair_timeout_s = pair_timeout_s
-        self.channel: _ModelChannel | None = None
+        self.channels: dict[bytes, _ModelChannel] = {}
 
     async def handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         _no_delay(client_w)
-        await _Connection(self.token, self.connect, client_r, client_w, self.channel).run()
+        await _Connection(self.token, self.connect, client_r, client_w, self.channels).run()
 
-    async def serve(self, listener: socket.socket, model_listener: socket.socket | None = None) -> None:
+    async def serve(
+        self,
+        listener: socket.socket,
+        model_listener: socket.socket | None = None,
+        egress_listener: socket.socket | None = None,
+    ) -> None:
         """Serve ``listener`` (the endpoint) and, when given, ``model_listener`` (the model channel's port in
-        the unit: a loopback listener), both non-blocking and listening, until cancelled."""
+        the unit: a loopback listener) and ``egress_listener`` (the egress channel's), all non-blocking and
+        listening, until cancelled."""
         async with contextlib.AsyncExitStack() as stack:
-            if model_listener is not None:
-                self.channel = _ModelChannel(self.pair_timeout_s)
-                model = await asyncio.start_server(self.channel.handle_agent, sock=model_listener)
-                await stack.enter_async_context(model)
+            for path, channel_listener in ((CHANNEL_PATH, model_listener), (EGRESS_PATH, egress_listener)):
+                if channel_listener is None:
+                    continue
+                channel = self.channels[path] = _ModelChannel(self.pair_timeout_s)
+                served = await asyncio.start_server(channel.handle_agent, sock=channel_listener)
+                await stack.enter_async_context(served)
             server = await asyncio.start_server(self.handle, sock=listener, limit=HEAD_LIMIT)
             await stack.enter_async_context(server)
             await server.serve_forever()
@@ -423,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", type=_address, required=True, help="HOST:PORT of the computer-server")
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
     parser.add_argument("--model-listen", type=_address, help="HOST:PORT of the model channel in the unit")
+    parser.add_argument("--egress-listen", type=_address, help="HOST:PORT of the egress channel in the unit")
     parser.add_argument(
         "--pair-timeout", type=float, default=PAIR_TIMEOUT_S, help="seconds an agent connection waits for the host"
     )
@@ -430,12 +450,15 @@ def main(argv: list[str] | None = None) -> int:
     token = args.token_file.read_text().strip()
     listener = _listen(args.listen)
     model = _listen(args.model_listen) if args.model_listen else None
+    egress = _listen(args.egress_listen) if args.egress_listen else None
     print(f"listening on {args.listen[0]}:{listener.getsockname()[1]}", flush=True)
     if model is not None:
         print(f"model channel on {args.model_listen[0]}:{model.getsockname()[1]}", flush=True)
+    if egress is not None:
+        print(f"egress channel on {args.egress_listen[0]}:{egress.getsockname()[1]}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         proxy = AuthProxy(token, tcp_connector(*args.upstream), pair_timeout_s=args.pair_timeout)
-        asyncio.run(proxy.serve(listener, model))
+        asyncio.run(proxy.serve(listener, model, egress))
     return 0
 
 

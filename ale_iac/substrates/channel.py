@@ -47,7 +47,9 @@ class ModelChannel:
     """A unit's model channel, host side (see the module docstring). Use it on one event loop:
     ``await open()``, then ``await aclose()``; :meth:`close_soon` is the one thread-safe method."""
 
-    def __init__(self, endpoint: str, token: str, upstream: Connector, *, pool: int = POOL) -> None:
+    def __init__(
+        self, endpoint: str, token: str, upstream: Connector, *, pool: int = POOL, path: bytes = authproxy.CHANNEL_PATH
+    ) -> None:
         url = urlsplit(endpoint)
         if url.scheme != "http" or not url.hostname or not url.port:
             raise ModelChannelError(f"the model channel needs an http://HOST:PORT endpoint, not {endpoint!r}")
@@ -55,6 +57,8 @@ class ModelChannel:
         self._token = token
         self._upstream = upstream
         self._pool = pool
+        self._path = path
+        """The reserved path: the model channel's, or the egress channel's (``substrates.egress``)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -66,6 +70,9 @@ class ModelChannel:
         """Reverse connections open and waiting for an agent connection."""
         self.carried = 0
         """Agent connections carried so far."""
+        self.bytes_up = 0
+        """Bytes the unit sent through the channel (first bytes included), and below those it was sent."""
+        self.bytes_down = 0
 
     # lifecycle
 
@@ -130,7 +137,7 @@ class ModelChannel:
         try:
             _tune(writer)
             writer.write(
-                b"GET " + authproxy.CHANNEL_PATH + b" HTTP/1.1\r\nHost: " + self.host.encode() + b"\r\n"
+                b"GET " + self._path + b" HTTP/1.1\r\nHost: " + self.host.encode() + b"\r\n"
                 b"Authorization: Bearer " + self._token.encode() + b"\r\n"
                 b"Connection: Upgrade\r\nUpgrade: " + authproxy.CHANNEL_PROTOCOL + b"\r\n\r\n"
             )
@@ -188,12 +195,22 @@ class ModelChannel:
             return
         self._writers.add(gateway[1])
         self.carried += 1
+        self.bytes_up += len(first)
         try:
             gateway[1].write(first)
-            await asyncio.gather(authproxy.pipe(unit[0], gateway[1]), authproxy.pipe(gateway[0], unit[1]))
+            await asyncio.gather(
+                authproxy.pipe(unit[0], gateway[1], self._count_up),
+                authproxy.pipe(gateway[0], unit[1], self._count_down),
+            )
         finally:
             await self._drop(gateway[1])
             await self._drop(unit[1])
+
+    def _count_up(self, size: int) -> None:
+        self.bytes_up += size
+
+    def _count_down(self, size: int) -> None:
+        self.bytes_down += size
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:

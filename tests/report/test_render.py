@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -166,3 +167,41 @@ def test_the_report_says_where_the_run_ran_and_what_the_grader_returned(tmp_path
     assert "<tr><td>errors</td><td><code>{&#34;credit&#34;: 1.0, &#34;weight&#34;: 0.5}</code></td></tr>" in grading
     assert "<tr><td>warnings</td><td><code>0</code></td></tr>" in grading
     assert "<tr><td>note</td><td><code>&lt;b&gt;x&lt;/b&gt;</code></td></tr>" in grading
+
+
+def test_a_units_egress_attempts_are_shown_allowed_and_refused(tmp_path: Path) -> None:
+    unit = Unit()
+    run_dir = make_run(tmp_path, [unit])
+    folder = run_dir / unit.unit_id
+    run = json.loads((folder / "run.json").read_text())
+    run["egress"] = {
+        "policy": "proxy: allow pypi.org; ports 80, 443",
+        "attempts": 2,
+        "allowed": 1,
+        "refused": 1,
+        "bytes_out": 120,
+        "bytes_in": 5000,
+        "refused_destinations": ["<evil>.test:80"],
+        "channel_bytes_out": 900,
+        "channel_bytes_in": 5100,
+    }
+    (folder / "run.json").write_text(json.dumps(run))
+    attempts = [
+        {"time": 0.5, "host": "pypi.org", "port": 443, "method": "CONNECT", "allowed": True, "reason": "allow pypi.org"}
+        | {"address": "198.18.0.10", "bytes_out": 100, "bytes_in": 5000},
+        {"time": 1.0, "host": "<evil>.test", "port": 80, "method": "GET", "allowed": False}
+        | {"reason": "no allow entry matches the name", "address": None, "bytes_out": 20, "bytes_in": 0},
+    ]
+    (folder / "egress.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts) + '{"torn')
+    loaded = load_run(run_dir)
+    out = tmp_path / "report"
+    write_report(loaded, out)
+    [page] = (out / "assets" / "units").glob("*.html")
+    section = page.read_text().split('<section id="egress">', 1)[1].split("</section>", 1)[0]
+    assert "Policy: <code>proxy: allow pypi.org; ports 80, 443</code>. 2 attempt(s): 1 allowed" in section
+    assert "900 bytes out, 5100 in through the unit's channel" in section
+    assert "<td><code>pypi.org:443</code></td>" in section and "<td>allowed</td>" in section
+    assert '<tr class="bad">' in section and "<td><code>&lt;evil&gt;.test:80</code></td>" in section
+    assert "<td>no allow entry matches the name</td>" in section
+    assert "00:00:00.500" in section
+    assert any("egress.jsonl line 3" in p for u in loaded.units for p in u.problems)

@@ -62,7 +62,7 @@ from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
-from ale_iac.substrates.authproxy import MODEL_PORT
+from ale_iac.substrates.authproxy import EGRESS_PORT, MODEL_PORT
 from ale_iac.substrates.docker import walls
 
 if TYPE_CHECKING:
@@ -319,6 +319,7 @@ def _command(spec: DockerSandboxSpec) -> list[str]:
     proxy = (
         f"{PYTHON} {ALE_DIR}/{PROXY_FILE} --listen 0.0.0.0:{PROXY_PORT} "
         f"--upstream 127.0.0.1:{SERVER_PORT} --token-file {ALE_DIR}/{TOKEN_FILE} --model-listen 127.0.0.1:{MODEL_PORT}"
+        f" --egress-listen 127.0.0.1:{EGRESS_PORT}"
     )
     init = (
         f"exec {INIT} --host 127.0.0.1 --port {SERVER_PORT} "

@@ -59,7 +59,7 @@ from typing import Any
 from ale_iac import procs
 from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
-from ale_iac.substrates.authproxy import AuthProxy, tcp_connector
+from ale_iac.substrates.authproxy import EGRESS_PORT, AuthProxy, tcp_connector
 from ale_iac.substrates.local import cgroups, linux
 from ale_iac.substrates.local.host import MODE_ROOTLESS, host_mode, subordinate_ids
 from ale_iac.substrates.local.sandboxes import (
@@ -491,13 +491,14 @@ class Supervisor:
 
         def prepare() -> Coroutine[Any, Any, None]:
             model = loopback_listener(self.spec.gateway_port)  # made inside: this thread has joined
-            return proxy.serve(listener, model)
+            return proxy.serve(listener, model, loopback_listener(EGRESS_PORT))
 
         self._in_sandbox_netns("endpoint", prepare)
         self.host_port = int(listener.getsockname()[1])
         self.gateway_url = f"http://127.0.0.1:{self.spec.gateway_port}"
         log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
         log(f"model channel: sandbox {self.gateway_url}, carried back over the endpoint")
+        log(f"egress channel: sandbox http://127.0.0.1:{EGRESS_PORT}, carried back over the endpoint")
 
     def setup(self) -> None:
         self.save()

@@ -1,0 +1,66 @@
+"""A unit's policy: its route's, narrowed by its task card's; refused when the card would widen it or has
+nothing to narrow. (The runs themselves: tests/runner/test_egress_runs.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ale_iac.egress_policy import EgressPolicy
+from ale_iac.errors import ConfigError
+from ale_iac.profile import parse_profile
+from ale_iac.runner.egress import policy_for
+from ale_iac.runner.evaluation import run_experiment
+from ale_iac.runner.experiment import load_experiment
+from ale_iac.runner.tasks import TaskCard
+from tests.support.tasks import make_preset, make_task
+
+PROFILE = parse_profile(
+    {
+        "name": "t",
+        "default_snapshot": "some",
+        "snapshots": {
+            "some": {"provider": "docker", "egress": {"allow": ["pypi.org", "*.pythonhosted.org"]}},
+            "closed": {"provider": "docker"},
+        },
+    },
+    "Pulumi.t.yaml",
+).profile
+
+
+def _card(snapshot: str | None = None, egress: dict[str, object] | None = None) -> TaskCard:
+    return TaskCard.model_validate({"id": "t", "instruction": "x", "snapshot": snapshot, "egress": egress})
+
+
+def test_a_unit_gets_its_routes_policy_narrowed_by_its_card() -> None:
+    assert policy_for(PROFILE, _card()) == EgressPolicy(allow=["pypi.org", "*.pythonhosted.org"])
+    assert policy_for(PROFILE, _card("closed")) is None
+    narrowed = policy_for(PROFILE, _card(egress={"allow": ["files.pythonhosted.org"], "ports": [443]}))
+    assert narrowed == EgressPolicy(allow=["files.pythonhosted.org"], ports=[443])
+
+
+def test_a_card_that_widens_or_has_nothing_to_narrow_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"not covered by the route: example\.com"):
+        policy_for(PROFILE, _card(egress={"allow": ["example.com"]}))
+    with pytest.raises(ValueError, match="its route has none"):
+        policy_for(PROFILE, _card("closed", egress={"allow": ["pypi.org"]}))
+
+
+def test_a_card_that_widens_its_routes_policy_fails_the_run_before_any_unit(tmp_path: Path) -> None:
+    make_task(tmp_path, "wide")
+    card = tmp_path / "wide" / "task.yaml"
+    card.write_text(card.read_text() + "egress: {allow: [example.com]}\n")
+    make_preset(tmp_path, "writer", "WriterAgent")
+    profile = tmp_path / "Pulumi.eg.yaml"
+    profile.write_text(
+        "config:\n  ale-iac:profile:\n    name: eg\n    snapshots:\n"
+        "      s: {provider: local, egress: {allow: [pypi.org]}}\n"
+    )
+    spec = {"name": "t", "agents": ["writer.yaml"], "tasks": ["wide"], "profile": str(profile)}
+    (tmp_path / "exp.yaml").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError) as info:
+        run_experiment(load_experiment(tmp_path / "exp.yaml", {}))
+    assert (info.value.source, info.value.field) == (str(card), "egress")
+    assert "not covered by the route: example.com" in info.value.detail
