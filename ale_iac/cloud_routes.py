@@ -18,10 +18,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ale_iac.contract import OsName, SandboxPaths
+from ale_iac.egress_policy import EgressPolicy
 
 IPV4_MIN_PREFIX = 8
 """Widest IPv4 range accepted (a /8). Wider ranges are refused: 0.0.0.0/1 + 128.0.0.0/1 is the internet."""
@@ -101,6 +102,13 @@ class CloudRouteBase(BaseModel):
         f"and its forwarder on port {GUEST_AGENT_PORT} admits only requests that carry it. The unit gets a "
         "token of its own (a secret in the stack) and no startup script; the firewall opens that port only.",
     )
+    egress: EgressPolicy | None = Field(
+        default=None,
+        description="Where units may connect, through a per-unit egress proxy on the runner reached over the "
+        "unit's own endpoint (docs/clouds.md, Egress): allow (domains, '*.' wildcards, CIDRs), deny (wins), "
+        "ports. The VM itself keeps no outbound at all (its egress walls are declared either way). Needs "
+        "guest_agent: true (the in-unit proxy port is the forwarder's). None: no network at all.",
+    )
     reset: Literal["recreate", "none"] = Field(
         default="recreate",
         description="How a pool unit gets back to a clean state between leases: 'recreate' (the pool stack "
@@ -112,6 +120,32 @@ class CloudRouteBase(BaseModel):
     @classmethod
     def _ranges(cls, value: list[str]) -> list[str]:
         return check_source_ranges(value)
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, value: EgressPolicy | None, info: ValidationInfo) -> EgressPolicy | None:
+        """Errors at ``<route>.egress``: a policy is one way out, and its proxy port is served by ale-iac's disk."""
+        if value is None:
+            return value
+        if info.data.get("allow_outbound"):
+            raise PydanticCustomError(
+                "egress_and_outbound", "give either allow_outbound: true (everything) or an egress policy, not both"
+            )
+        if not info.data.get("guest_agent"):
+            raise PydanticCustomError(
+                "egress_needs_guest_agent",
+                "an egress policy needs guest_agent: true (ale-iac's own disk, whose forwarder serves the in-unit "
+                "proxy port; the VM itself has no outbound)",
+            )
+        return value
+
+    @property
+    def outbound(self) -> Literal["none", "proxy", "all"]:
+        """What the VM may reach on its own network: nothing (the default, and with an egress policy, whose proxy
+        is reached through the unit's endpoint), or everything (``allow_outbound``)."""
+        if self.allow_outbound:
+            return "all"
+        return "proxy" if self.egress is not None else "none"
 
     @property
     def endpoint_port(self) -> int:

@@ -5,8 +5,10 @@ Per unit, a ``ale-iac:aliyun:Unit`` component parents:
 * ``<unit>-sg``: a VPC security group (``inner_access_policy = "Drop"``);
 * ``<unit>-server-<i>``: one ``alicloud.ecs.SecurityGroupRule`` per allowed source range, accepting
   TCP to the computer-server port; ``<unit>-ssh-<i>`` only when the route lists SSH ranges;
-* ``<unit>-deny-egress``: a lowest-priority egress drop rule unless the route sets
-  ``allow_outbound`` (ECS security groups allow all outbound traffic by default);
+* ``<unit>-metadata``, ``<unit>-deny-egress`` and ``-deny-egress-v6`` unless the route sets ``allow_outbound``
+  (ECS security groups allow all outbound traffic by default): an accept of the metadata service at priority 1,
+  then a drop of everything else, IPv4 and IPv6, at priority 2. A route's ``egress`` policy changes nothing
+  here: its proxy runs on the runner, reached through the endpoint;
 * ``<unit>-vm``: a pay-as-you-go instance in the route's vSwitch; a public IP only when the route
   does not ``reach_privately`` (``internet_max_bandwidth_out = 0`` allocates none).
 
@@ -51,6 +53,7 @@ from ale_iac.infra.cloud_common import (
     unit_handle,
     unit_labels,
     unit_slug,
+    wall_text,
 )
 from ale_iac.infra.shapes import ResolvedShape, preflight
 
@@ -58,6 +61,11 @@ UNIT_TYPE = "ale-iac:aliyun:Unit"
 DISK_IMAGE_GB = 8
 """The size of ale-iac's cloud disk (``substrates/qemu/cloud.py`` ``DISK_GB``), which ECS's import must be told."""
 SSH_PORT = 22
+METADATA_ADDRESS = "100.100.100.200"
+"""ECS's instance metadata service (user data, the hardened mode's session token)."""
+METADATA_PRIORITY = 1
+EGRESS_WALL_PRIORITY = 2
+"""The egress drop rules' priority: right after the metadata accept (ECS evaluates 1 first, 100 last)."""
 _EXPIRY_TAG = f'tags["{LABEL_EXPIRY}"]'
 """The expiry tag's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
 
@@ -95,7 +103,7 @@ class AliyunUnit(pulumi.ComponentResource):
         provider = region_provider(route.region)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         expiry = expiry_for(route.ttl_hours)
-        labels = unit_labels(unit, snapshot, ctx, expiry)
+        labels = unit_labels(unit, snapshot, ctx, expiry, route.outbound)
         description = identity_text(labels)
         display_name = label_value(f"ale-{labels[LABEL_STACK]}-{labels[LABEL_UNIT]}")
         sg = alicloud.ecs.SecurityGroup(
@@ -168,21 +176,54 @@ def security_group_rules(
     if route.ssh_source_ranges:
         ingress("ssh", route.ssh_source_ranges, SSH_PORT)
     if not route.allow_outbound:
-        deny = alicloud.ecs.SecurityGroupRule(
-            f"{name}-deny-egress",
+        rules += egress_walls(name, route, sg, description, opts)
+    return rules
+
+
+def egress_walls(
+    name: str, route: AliyunRoute, sg: alicloud.ecs.SecurityGroup, description: str, opts: pulumi.ResourceOptions
+) -> list[pulumi.CustomResource]:
+    """All egress dropped, IPv4 and IPv6, at priority 2, after one accept at priority 1 (ECS evaluates 1 first):
+    the metadata service (``100.100.100.200:80``), which cloud-init and the guest agent read at boot. Whether ECS
+    security groups filter it is not documented, so it is declared rather than assumed. The unit needs nothing
+    else: its egress policy's proxy runs on the runner and is reached through the endpoint (an ingress
+    connection, whose replies a stateful security group lets back)."""
+
+    def rule(suffix: str, policy: str, priority: int, **target: Any) -> alicloud.ecs.SecurityGroupRule:
+        return alicloud.ecs.SecurityGroupRule(
+            f"{name}-{suffix}",
             security_group_id=sg.id,
             type="egress",
-            ip_protocol="all",
-            port_range="-1/-1",
-            cidr_ip="0.0.0.0/0",
-            policy="drop",
-            priority=100,
+            policy=policy,
+            priority=priority,
             nic_type="intranet",
-            description=f"{description}: no outbound",
             opts=opts,
+            **target,
         )
-        rules.append(deny)
-    return rules
+
+    return [
+        rule(
+            "metadata",
+            "accept",
+            METADATA_PRIORITY,
+            ip_protocol="tcp",
+            port_range="80/80",
+            cidr_ip=f"{METADATA_ADDRESS}/32",
+            description=f"{description}: the instance metadata service",
+        ),
+        *(
+            rule(
+                f"deny-egress{family}",
+                "drop",
+                EGRESS_WALL_PRIORITY,
+                ip_protocol="all",
+                port_range="-1/-1",
+                description=f"{description}: {wall_text(route)}",
+                **{key: everything},
+            )
+            for family, key, everything in (("", "cidr_ip", "0.0.0.0/0"), ("-v6", "ipv6_cidr_ip", "::/0"))
+        ),
+    ]
 
 
 def boot_image(route: AliyunRoute, provider: alicloud.Provider) -> pulumi.Input[str]:

@@ -2,9 +2,12 @@
 
 Per unit, a ``ale-iac:aws:Unit`` component parents:
 
-* ``<unit>-sg``: a security group with no inline rules. On creation the AWS provider removes the
-  default allow-all egress rule, so the instance has **no outbound network** unless the route sets
-  ``allow_outbound`` (then ``<unit>-egress`` allows it);
+* ``<unit>-sg``: a security group whose inline egress is declared empty (``egress: []``): the AWS provider
+  removes the default allow-all egress rule at creation, and an empty list keeps it empty (a rule added out of
+  band goes at the next update), so the instance has **no outbound network**, IPv4 or IPv6, unless the route
+  sets ``allow_outbound`` (then no inline egress, and ``<unit>-egress`` allows it). A route's ``egress`` policy
+  changes nothing here: its proxy runs on the runner, reached through the endpoint. Security groups never
+  filter the instance metadata service (IMDSv2, which the guest agent reads);
 * ``<unit>-server-<i>``: one ``aws.vpc.SecurityGroupIngressRule`` per allowed source range to the
   computer-server port (separate rule resources can be tagged, and each shows as its own plan line);
 * ``<unit>-ssh-<i>`` only when the route lists ``ssh_source_ranges``;
@@ -97,7 +100,7 @@ class AwsUnit(pulumi.ComponentResource):
         super().__init__(UNIT_TYPE, name, None, opts)
         provider = region_provider(route.region)
         expiry = expiry_for(route.ttl_hours)
-        labels = unit_labels(unit, snapshot, ctx, expiry)
+        labels = unit_labels(unit, snapshot, ctx, expiry, route.outbound)
         tags = {**labels, "Name": f"ale-{labels[LABEL_STACK]}-{labels[LABEL_UNIT]}"}
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         tagged = pulumi.ResourceOptions(parent=self, provider=provider, ignore_changes=[_EXPIRY_TAG])
@@ -106,6 +109,9 @@ class AwsUnit(pulumi.ComponentResource):
             f"{name}-sg",
             description=f"{description}: computer-server access",
             vpc_id=route.vpc_id,
+            # No outbound: declared empty, so the engine keeps it empty (AWS's default allow-all egress rule is
+            # removed at creation and any rule added out of band by the next update); allow_outbound has its rule.
+            egress=None if route.allow_outbound else [],
             revoke_rules_on_delete=True,
             tags=tags,
             opts=tagged,

@@ -47,6 +47,9 @@ LABEL_EXPIRY = "ale-expiry"
 LABEL_PROFILE = "ale-profile"
 LABEL_SNAPSHOT = "ale-snapshot"
 LABEL_MANAGED_BY = "managed-by"
+LABEL_EGRESS = "ale-egress"
+"""What the unit's route lets its VM reach: ``none``, ``proxy`` (an egress policy, through the runner's proxy; the
+VM itself reaches nothing) or ``all`` (``allow_outbound``). The policy pack's ``ale-egress-walled`` reads it."""
 LABEL_KEYS = (LABEL_RUN, LABEL_UNIT, LABEL_STACK, LABEL_EXPIRY)
 """The labels every VM must carry (the policy pack checks these four)."""
 MANAGED_BY = "ale-iac"
@@ -162,8 +165,11 @@ def is_expired(labels: Mapping[str, str], at: datetime | None = None) -> bool:
 # -------------------------------------------------------------------------------------------- labels
 
 
-def unit_labels(unit: UnitSpec, snapshot: str, ctx: DeclareContext, expiry: Expiry) -> dict[str, str]:
+def unit_labels(
+    unit: UnitSpec, snapshot: str, ctx: DeclareContext, expiry: Expiry, outbound: str = "none"
+) -> dict[str, str]:
     """The labels of every resource of a unit. ``unit.labels`` add to them but never override ours.
+    ``outbound`` is the route's :attr:`~ale_iac.cloud_routes.CloudRouteBase.outbound` (label ``ale-egress``).
 
     ``ale-run`` is ``unit.labels["run"]`` when the runner sets it, else the stack name (a pool).
     """
@@ -178,10 +184,18 @@ def unit_labels(unit: UnitSpec, snapshot: str, ctx: DeclareContext, expiry: Expi
             LABEL_EXPIRY: expiry.label,
             LABEL_PROFILE: label_value(ctx.profile),
             LABEL_SNAPSHOT: label_value(snapshot),
+            LABEL_EGRESS: outbound,
             LABEL_MANAGED_BY: MANAGED_BY,
         }
     )
     return labels
+
+
+def wall_text(route: CloudRouteBase) -> str:
+    """The description of a unit's egress walls: why the VM reaches nothing on its own."""
+    if route.egress is not None:
+        return "no outbound (its egress policy is enforced by the runner's proxy, reached through the endpoint)"
+    return "no outbound"
 
 
 def identity_text(labels: Mapping[str, str]) -> str:

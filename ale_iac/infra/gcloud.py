@@ -9,8 +9,9 @@ Per unit, a ``ale-iac:gcloud:Unit`` component parents:
 * ``<unit>-server`` (and ``-server-v6``): ingress to the computer-server port from the route's
   ``allowed_source_ranges`` only, targeted at a network tag unique to the unit;
 * ``<unit>-ssh`` only when the route lists ``ssh_source_ranges``;
-* ``<unit>-deny-egress`` unless the route sets ``allow_outbound`` (the metadata server stays
-  reachable: GCE firewalls never apply to it);
+* ``<unit>-deny-egress`` and ``-deny-egress-v6`` (all egress denied at priority 0, before any allow of the
+  VPC) unless the route sets ``allow_outbound``; with an ``egress`` policy too, whose proxy runs on the runner
+  (the metadata server stays reachable: GCE firewalls never apply to it);
 * ``<unit>-token`` when the route's image is ale-iac's own disk (``guest_agent``): the unit's endpoint token
   (``infra/endpoint_token.py``), given to the VM as the secret instance attribute ``ale-endpoint-token``,
   which the guest agent reads from the metadata server at boot; the firewall then opens the forwarder's
@@ -51,12 +52,15 @@ from ale_iac.infra.cloud_common import (
     unit_handle,
     unit_labels,
     unit_slug,
+    wall_text,
 )
 from ale_iac.infra.endpoint_token import TOKEN_KEY, TTL_KEY, EndpointToken
 from ale_iac.infra.shapes import ResolvedShape, preflight
 
 UNIT_TYPE = "ale-iac:gcloud:Unit"
 SSH_PORT = 22
+EGRESS_WALL_PRIORITY = 0
+"""The deny-all egress rules' priority: the first GCE evaluates (see :func:`egress_walls`)."""
 _HYPERDISK_FAMILIES = ("c4-", "c4a-", "c4d-", "n4-", "m4-", "x4-", "a4-")
 _EXPIRY_LABEL = f'labels["{LABEL_EXPIRY}"]'
 """The expiry label's path, in ``ignore_changes``: a later ``pulumi up`` of a pool does not push it forward."""
@@ -91,7 +95,7 @@ class GcloudUnit(pulumi.ComponentResource):
         shape = preflight("gcloud", unit, route)
         super().__init__(UNIT_TYPE, name, None, opts)
         expiry = expiry_for(route.ttl_hours)
-        labels = unit_labels(unit, snapshot, ctx, expiry)
+        labels = unit_labels(unit, snapshot, ctx, expiry, route.outbound)
         tag = network_tag(unit, ctx)
         description = identity_text(labels)
         self.rules: list[pulumi.CustomResource] = firewall_rules(
@@ -158,20 +162,33 @@ def firewall_rules(
     if route.ssh_source_ranges:
         ingress("ssh", route.ssh_source_ranges, SSH_PORT)
     if not route.allow_outbound:
-        deny = gcp.compute.Firewall(
-            f"{name}-deny-egress",
+        rules += egress_walls(name, route, tag, description, opts)
+    return rules
+
+
+def egress_walls(
+    name: str, route: GcloudRoute, tag: str, description: str, opts: pulumi.ResourceOptions
+) -> list[pulumi.CustomResource]:
+    """All egress denied, IPv4 and IPv6, at priority 0: GCE evaluates the lowest number first and a deny wins a
+    tie, so no allow rule of the VPC (a project-wide one included) lets the VM out. The unit needs no outbound:
+    its egress policy's proxy runs on the runner and is reached through the endpoint (an ingress connection,
+    whose replies a stateful firewall lets back). The metadata server is never subject to firewalls."""
+    walls: list[pulumi.CustomResource] = []
+    for family, everything in (("", "0.0.0.0/0"), ("-v6", "::/0")):
+        wall = gcp.compute.Firewall(
+            f"{name}-deny-egress{family}",
             project=route.project,
             network=route.network,
             direction="EGRESS",
-            priority=1000,
-            destination_ranges=["0.0.0.0/0"],
+            priority=EGRESS_WALL_PRIORITY,
+            destination_ranges=[everything],
             target_tags=[tag],
             denies=[gcp.compute.FirewallDenyArgs(protocol="all")],
-            description=description,
+            description=f"{description}: {wall_text(route)}",
             opts=opts,
         )
-        rules.append(deny)
-    return rules
+        walls.append(wall)
+    return walls
 
 
 def instance_metadata(

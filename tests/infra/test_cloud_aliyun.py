@@ -58,6 +58,7 @@ def test_aliyun_unit_declares_instance_with_auto_release_and_tags_under_mocks(
             "ale-expiry": "20261130t2141z",
             "ale-profile": "test",
             "ale-snapshot": "snap",
+            "ale-egress": "none",
             "managed-by": "ale-iac",
         }
         assert inputs["tags"] == labels and inputs["volumeTags"] == labels
@@ -84,7 +85,7 @@ def test_aliyun_security_group_rules_admit_only_the_route_ranges_under_mocks(
         assert sg["innerAccessPolicy"] == "Drop"
         assert sg["tags"]["ale-unit"] == "u0"
         rules = {r.name: r.inputs for r in mocks.of_type(RULE)}
-        assert sorted(rules) == ["u0-deny-egress", "u0-server-0", "u0-server-1"]
+        assert sorted(rules) == ["u0-deny-egress", "u0-deny-egress-v6", "u0-metadata", "u0-server-0", "u0-server-1"]
         v4, v6 = rules["u0-server-0"], rules["u0-server-1"]
         assert (v4["cidrIp"], v6["ipv6CidrIp"]) == (RUNNER, RUNNER_V6)
         for rule in (v4, v6):
@@ -93,11 +94,20 @@ def test_aliyun_security_group_rules_admit_only_the_route_ranges_under_mocks(
             assert rule["securityGroupId"] == "u0-sg-id"
             assert rule["nicType"] == "intranet"
         deny = rules["u0-deny-egress"]
-        assert (deny["type"], deny["policy"], deny["ipProtocol"], deny["cidrIp"]) == (
+        assert (deny["type"], deny["policy"], deny["ipProtocol"], deny["cidrIp"], deny["priority"]) == (
             "egress",
             "drop",
             "all",
             "0.0.0.0/0",
+            2,
+        )
+        assert (rules["u0-deny-egress-v6"]["ipv6CidrIp"], rules["u0-deny-egress-v6"]["policy"]) == ("::/0", "drop")
+        metadata = rules["u0-metadata"]  # the one accept, before the drops
+        assert (metadata["type"], metadata["policy"], metadata["priority"]) == ("egress", "accept", 1)
+        assert (metadata["cidrIp"], metadata["ipProtocol"], metadata["portRange"]) == (
+            "100.100.100.200/32",
+            "tcp",
+            "80/80",
         )
 
     return one_unit(aliyun_route(allowed_source_ranges=[RUNNER, RUNNER_V6])).apply(check)

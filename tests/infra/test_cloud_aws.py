@@ -73,6 +73,7 @@ def test_aws_unit_declares_instance_with_terminate_ttl_and_tags_under_mocks(
             "ale-expiry": "20261130t1241z",
             "ale-profile": "test",
             "ale-snapshot": "snap",
+            "ale-egress": "none",
             "managed-by": "ale-iac",
         }
         assert inputs["associatePublicIpAddress"] is True
@@ -93,7 +94,8 @@ def test_aws_security_group_admits_only_the_route_ranges_under_mocks(mocks: Reco
     def check(_: Any) -> None:
         sg = mocks.one(SG, "u0-sg")
         assert sg.parent == "u0"
-        assert "ingress" not in sg.inputs and "egress" not in sg.inputs  # no inline rules, no default egress
+        assert "ingress" not in sg.inputs  # ingress rules are resources of their own
+        assert sg.inputs["egress"] == []  # declared empty: no default allow-all egress, now or after an update
         assert sg.inputs["vpcId"] == "vpc-9"
         assert sg.inputs["tags"]["ale-unit"] == "u0"
         rules = {r.name: r.inputs for r in mocks.of_type(INGRESS)}
@@ -126,6 +128,7 @@ def test_aws_private_windows_route_under_mocks(mocks: RecordingMocks) -> pulumi.
         assert (ssh["cidrIpv4"], ssh["fromPort"], ssh["toPort"]) == ("192.0.2.0/28", 22, 22)
         egress = mocks.one(EGRESS, "u0-egress").inputs
         assert (egress["ipProtocol"], egress["cidrIpv4"]) == ("-1", "0.0.0.0/0")
+        assert "egress" not in mocks.one(SG, "u0-sg").inputs  # inline egress would fight the rule resource
 
     route = aws_route(
         os="windows",

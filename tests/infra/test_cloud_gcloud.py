@@ -60,6 +60,7 @@ def test_gcloud_unit_declares_instance_with_ttl_labels_and_startup_script_under_
             "ale-expiry": "20261130t1141z",
             "ale-profile": "test",
             "ale-snapshot": "snap",
+            "ale-egress": "none",
             "managed-by": "ale-iac",
         }
         assert inputs["labels"] == expected
@@ -98,12 +99,13 @@ def test_gcloud_firewall_admits_only_the_route_ranges_to_the_server_port_under_m
         assert server6["allows"] == [{"protocol": "tcp", "ports": ["8000"]}]
         # SSH stays closed; egress is denied.
         names = sorted(r.name for r in mocks.of_type(FIREWALL))
-        assert names == ["u0-deny-egress", "u0-server", "u0-server-v6"]
-        deny = mocks.one(FIREWALL, "u0-deny-egress").inputs
-        assert deny["direction"] == "EGRESS"
-        assert deny["denies"] == [{"protocol": "all"}]
-        assert deny["destinationRanges"] == ["0.0.0.0/0"]
-        assert deny["targetTags"] == tags
+        assert names == ["u0-deny-egress", "u0-deny-egress-v6", "u0-server", "u0-server-v6"]
+        for name, everything in (("u0-deny-egress", "0.0.0.0/0"), ("u0-deny-egress-v6", "::/0")):
+            deny = mocks.one(FIREWALL, name).inputs
+            assert deny["direction"] == "EGRESS" and deny["priority"] == 0  # before any allow of the VPC
+            assert deny["denies"] == [{"protocol": "all"}] and "allows" not in deny
+            assert deny["destinationRanges"] == [everything]
+            assert deny["targetTags"] == tags
 
     return one_unit(gcloud_route(allowed_source_ranges=[RUNNER, RUNNER_V6])).apply(check)
 
@@ -115,7 +117,7 @@ def test_gcloud_ssh_opens_only_when_the_route_asks_under_mocks(mocks: RecordingM
         assert ssh["sourceRanges"] == ["192.0.2.0/28"]
         assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
         assert mocks.one(FIREWALL, "u0-server").inputs["sourceRanges"] == [RUNNER]
-        assert not [r for r in mocks.of_type(FIREWALL) if r.name.endswith("deny-egress")]  # allow_outbound
+        assert not [r for r in mocks.of_type(FIREWALL) if "deny-egress" in r.name]  # allow_outbound
 
     return one_unit(gcloud_route(ssh_source_ranges=["192.0.2.0/28"], allow_outbound=True)).apply(check)
 

@@ -75,7 +75,7 @@ def test_run_program_returns_the_resolved_value_and_surfaces_errors() -> None:
     fresh = RecordingMocks()
     handles = run_program(lambda: pulumi.Output.from_input(declare_units(prof, [UnitSpec("u0", "snap")])), fresh)
     assert handles["u0"]["endpoint"].startswith("http://203.0.113.")
-    assert len(fresh.resources) == 4
+    assert len(fresh.resources) == 5  # the unit, its VM, the server rule, the egress walls (v4, v6)
 
     def broken() -> Any:
         return declare_units(prof, [UnitSpec("u0", "missing-snapshot")])

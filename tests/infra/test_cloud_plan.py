@@ -92,11 +92,13 @@ def test_plan_units_option_sizes_a_pool_like_the_pulumi_program_under_mocks() ->
     loaded = resolve_profile("pool-gcloud")
     assert [u.name for u in stack_units(loaded)] == ["u0", "u1", "u2"]
     plan = render(loaded, units=5)
-    assert (plan.unit_count, plan.resource_count) == (5, 20)
-    assert "# units: 5, resources: 20" in plan.text
+    assert (plan.unit_count, plan.resource_count) == (5, 25)
+    assert "# units: 5, resources: 25" in plan.text
     assert [u.name for u in stack_units(resolve_profile("gcloud"), 2)] == [
         "ale-desktop-000",
         "ale-desktop-001",
+        "ale-desktop-pypi-000",
+        "ale-desktop-pypi-001",
         "cpu-free-ubuntu-000",
         "cpu-free-ubuntu-001",
         "gpu-free-000",
@@ -109,7 +111,7 @@ def test_plan_cli_writes_the_file_and_prints_a_summary_under_mocks(tmp_path: Pat
     result = CliRunner().invoke(cli(), ["plan", "--profile", "aliyun", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_text() == shipped_plan_path("aliyun").read_text()
-    assert f"wrote {out}: 2 unit(s), 13 resource(s), 0 policy violation(s)" in result.output
+    assert f"wrote {out}: 2 unit(s), 17 resource(s), 0 policy violation(s)" in result.output
     stdout = CliRunner().invoke(cli(), ["plan", "-p", "aliyun"])
     assert stdout.exit_code == 0 and stdout.output == out.read_text()
 
