@@ -252,7 +252,7 @@ def _resources(
     recorded: list[RecordedResource], renderer: _Renderer
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
     """Each declared resource as the plan shows it (by name), the policy pack's violations, the count per type."""
-    from ale_iac.infra.policy import check_resource
+    from ale_iac.infra.policy import StackResource, check_resource, check_stack
 
     resources: list[dict[str, Any]] = []
     violations: list[str] = []
@@ -268,6 +268,8 @@ def _resources(
             entry["inputs"] = renderer.value(rec.inputs)
         resources.append(entry)
         violations += [f"{rec.name}: {v.policy}: {v.message}" for v in check_resource(rec.type, rec.inputs)]
+    stack = [StackResource(rec.type, rec.name, rec.parent, rec.inputs) for rec in recorded]
+    violations += [f"{name}: {v.policy}: {v.message}" for name, v in check_stack(stack)]
     return resources, violations, by_type
 
 

@@ -1,8 +1,8 @@
 """Guard rails as policy-as-code: checked by ``pulumi preview --policy-pack policy`` and offline.
 
-Three mandatory policies, each a pure function over a resource's type and engine-named inputs
-(``props``, exactly what the policy analyzer and the mocks both see), wrapped for pulumi-policy by
-:func:`resource_policies`:
+Four mandatory policies, each a pure function over engine-named inputs (``props``, exactly what the policy
+analyzer and the mocks both see): three over one resource's type and inputs, wrapped for pulumi-policy by
+:func:`resource_policies`, and one over the whole stack (a VM and its siblings), by :func:`stack_policies`:
 
 ``ale-vm-ttl``
     Every VM has a cloud-side time-to-live: GCE ``scheduling.maxRunDuration`` with
@@ -17,6 +17,12 @@ Three mandatory policies, each a pure function over a resource's type and engine
     EC2 security groups (inline rules, ``SecurityGroupRule``, ``SecurityGroupIngressRule``) and ECS
     security group rules. The port list is the policy's ``serverPorts`` config (default 8000),
     because the pack also guards programs that are not ale-iac's.
+``ale-egress-walled`` (stack)
+    A VM whose route allows no outbound (label ``ale-egress`` ``none`` or ``proxy``; a VM without the label
+    counts as ``none``) has its egress walled by its unit's own rules: GCE deny-all EGRESS firewalls for
+    ``0.0.0.0/0`` and ``::/0`` with no allow before them; an EC2 security group that declares ``egress: []``
+    and no egress rule; ECS drop-all egress rules for both families with no accept before them but the metadata
+    service's. A unit's rules are the siblings of its VM (the unit's component parents them all).
 
 This module imports ``pulumi_policy`` only inside :func:`resource_policies` and :func:`serve`, so
 the checks run (in ``ale-iac plan`` and tests) without the policy SDK.
@@ -32,10 +38,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ale_iac.infra.cloud_common import LABEL_EXPIRY, LABEL_KEYS, parse_expiry_label
+from ale_iac.infra.cloud_common import LABEL_EGRESS, LABEL_EXPIRY, LABEL_KEYS, parse_expiry_label
 
 if TYPE_CHECKING:
-    from pulumi_policy import ResourceValidationPolicy
+    from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 
 PACK_NAME = "ale-iac-guardrails"
 DEFAULT_SERVER_PORTS = (8000,)
@@ -225,6 +231,128 @@ def open_ingress_violations(
     return []
 
 
+# ------------------------------------------------------------------------------------ ale-egress-walled
+
+ECS_METADATA = "100.100.100.200/32"
+"""The one destination an ECS unit's walls may accept before their drop (the instance metadata service)."""
+_WORLD = ("0.0.0.0/0", "::/0")
+
+
+@dataclass(frozen=True)
+class StackResource:
+    """One resource as a stack policy sees it: its siblings are the resources of the same parent (a unit's
+    component parents its VM and every rule of it). ``parent`` is the parent's URN in the pack, its name in
+    the mocks: only equality matters."""
+
+    type: str
+    name: str
+    parent: str | None
+    props: Mapping[str, Any]
+
+
+def _outbound(vm: StackResource) -> str:
+    labels = vm.props.get("labels" if vm.type in GCE_VM_TYPES else "tags") or {}
+    return str(labels.get(LABEL_EGRESS, "none")) if isinstance(labels, Mapping) else "none"
+
+
+def _gce_walls(vm: StackResource, siblings: Sequence[StackResource]) -> list[str]:
+    tags = set(vm.props.get("tags") or [])
+    rules = [
+        r.props
+        for r in siblings
+        if r.type == "gcp:compute/firewall:Firewall"
+        and r.props.get("direction") == "EGRESS"
+        and not r.props.get("disabled")
+        and (not r.props.get("targetTags") or tags & set(r.props.get("targetTags") or []))
+    ]
+    denies = [r for r in rules if any(str(d.get("protocol")).lower() == "all" for d in r.get("denies") or [])]
+    problems = [
+        f"no EGRESS firewall denies all to {world}"
+        for world in _WORLD
+        if not any(world in (r.get("destinationRanges") or []) for r in denies)
+    ]
+    first_deny = min((_as_int(r.get("priority"), 1000) for r in denies), default=65536)
+    problems += [
+        f"an EGRESS firewall allows {r.get('destinationRanges')} at priority {_as_int(r.get('priority'), 1000)}, "
+        f"before the deny-all ({first_deny})"
+        for r in rules
+        if r.get("allows") and _as_int(r.get("priority"), 1000) < first_deny
+    ]
+    return problems
+
+
+def _ec2_walls(siblings: Sequence[StackResource]) -> list[str]:
+    groups = [r for r in siblings if r.type == "aws:ec2/securityGroup:SecurityGroup"]
+    if not groups:
+        return ["no security group of its own declares its egress"]
+    problems = [
+        f"security group {g.name} does not declare egress: [] (AWS's default allows all)"
+        for g in groups
+        if "egress" not in g.props
+    ]
+    problems += [f"security group {g.name} has inline egress rules" for g in groups if g.props.get("egress")]
+    problems += [
+        f"{r.name} allows egress"
+        for r in siblings
+        if r.type == "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+        or (r.type == "aws:ec2/securityGroupRule:SecurityGroupRule" and r.props.get("type") == "egress")
+    ]
+    return problems
+
+
+def _ecs_walls(siblings: Sequence[StackResource]) -> list[str]:
+    rules = [r for r in siblings if r.type == "alicloud:ecs/securityGroupRule:SecurityGroupRule"]
+    egress = [r.props for r in rules if r.props.get("type") == "egress"]
+    drops = [r for r in egress if r.get("policy") == "drop" and str(r.get("ipProtocol")).lower() == "all"]
+    problems = [
+        f"no egress rule drops all to {world}"
+        for world in _WORLD
+        if not any(world in (r.get("cidrIp"), r.get("ipv6CidrIp")) for r in drops)
+    ]
+    first_drop = min((_as_int(r.get("priority"), 1) for r in drops), default=101)
+    problems += [
+        f"an egress rule accepts {r.get('cidrIp') or r.get('ipv6CidrIp')} at priority {_as_int(r.get('priority'), 1)}, "
+        f"before the drop ({first_drop})"
+        for r in egress
+        if r.get("policy", "accept") == "accept"
+        and _as_int(r.get("priority"), 1) < first_drop
+        and (r.get("cidrIp"), r.get("ipv6CidrIp")) != (ECS_METADATA, None)
+    ]
+    return problems
+
+
+def egress_wall_violations(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """``(vm name, why)`` for each VM whose route allows no outbound (label ``ale-egress`` other than ``all``;
+    none counts as ``none``) but whose own rules leave egress open: GCE, no deny-all EGRESS firewall for IPv4
+    and IPv6 targeting it, or an allow before it; EC2, a security group of its unit without ``egress: []``, or
+    an egress rule; ECS, no drop-all egress rule for IPv4 and IPv6, or an accept before it other than the
+    metadata service's."""
+    found: list[tuple[str, str]] = []
+    for vm in resources:
+        if vm.type not in VM_TYPES or _outbound(vm) == "all":
+            continue
+        siblings = [r for r in resources if r.parent == vm.parent and r is not vm]
+        if vm.type in GCE_VM_TYPES:
+            problems = _gce_walls(vm, siblings)
+        elif vm.type == EC2_VM_TYPE:
+            problems = _ec2_walls(siblings)
+        else:
+            problems = _ecs_walls(siblings)
+        found += [(vm.name, f"{problem} ({LABEL_EGRESS}={_outbound(vm)})") for problem in problems]
+    return found
+
+
+STACK_POLICIES: dict[str, str] = {
+    "ale-egress-walled": "A sandbox VM whose route allows no outbound (ale-egress none or proxy) has its egress "
+    "walled: deny-all rules for IPv4 and IPv6, nothing allowed before them but the metadata service.",
+}
+
+
+def check_stack(resources: Sequence[StackResource]) -> list[tuple[str, Violation]]:
+    """Every stack policy's violations, as ``(resource name, violation)``."""
+    return [(name, Violation("ale-egress-walled", message)) for name, message in egress_wall_violations(resources)]
+
+
 # ------------------------------------------------------------------------------------ all together
 
 PolicyCheck = Callable[[str, Mapping[str, Any], Sequence[int]], list[str]]
@@ -285,6 +413,27 @@ def resource_policies() -> list[ResourceValidationPolicy]:
     return [make(name, description, check) for name, (description, check) in POLICIES.items()]
 
 
+def stack_policies() -> list[StackValidationPolicy]:
+    """The stack policies as pulumi-policy objects (mandatory): they see every resource with its parent."""
+    from pulumi_policy import EnforcementLevel, StackValidationPolicy
+
+    def validate(args: Any, report_violation: Callable[..., None]) -> None:
+        resources = [
+            StackResource(r.resource_type, r.name, r.parent.urn if r.parent else None, r.props) for r in args.resources
+        ]
+        by_name = {r.name: r for r in args.resources}
+        for name, violation in check_stack(resources):
+            resource = by_name.get(name)
+            report_violation(f"{name}: {violation.message}", resource.urn if resource else None)
+
+    return [
+        StackValidationPolicy(
+            name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY
+        )
+        for name, description in STACK_POLICIES.items()
+    ]
+
+
 def serve() -> None:
     """Run the policy pack (what ``policy/__main__.py`` does when the Pulumi CLI starts it)."""
     from pulumi_policy import EnforcementLevel, PolicyPack
@@ -292,6 +441,7 @@ def serve() -> None:
     PolicyPack(
         name=PACK_NAME,
         enforcement_level=EnforcementLevel.MANDATORY,
-        policies=list(resource_policies()),
-        description="ale-iac guard rails: VM time-to-live, labels, no internet-open computer-server port.",
+        policies=[*resource_policies(), *stack_policies()],
+        description="ale-iac guard rails: VM time-to-live, labels, no internet-open computer-server port, "
+        "walled egress.",
     )

@@ -22,7 +22,7 @@ from pulumi_policy import PolicyCustomTimeouts, PolicyResourceOptions, ResourceV
 
 from ale_iac.contract import UnitSpec
 from ale_iac.infra.mocks import RecordedResource, RecordingMocks
-from ale_iac.infra.policy import check_resource, resource_policies
+from ale_iac.infra.policy import StackResource, check_resource, check_stack, resource_policies
 from tests.support.cloud import RUNNER, aliyun_route, aws_route, cloud_mocks, declare_units, gcloud_route, profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +89,7 @@ def test_policy_pack_passes_every_resource_the_cloud_modules_declare_under_mocks
         for resource in mocks.resources:
             assert validate(resource.type, resource.inputs) == [], resource.name
             assert check_resource(resource.type, resource.inputs) == [], resource.name
+        assert check_stack([StackResource(r.type, r.name, r.parent, r.inputs) for r in mocks.resources]) == []
 
     return declare_all_clouds().apply(check)
 
@@ -231,6 +232,7 @@ def test_policy_pack_serves_over_grpc_as_the_pulumi_cli_runs_it() -> None:
                 ("ale-vm-ttl", analyzer_pb2.MANDATORY),
                 ("ale-vm-labels", analyzer_pb2.MANDATORY),
                 ("ale-no-world-ingress", analyzer_pb2.MANDATORY),
+                ("ale-egress-walled", analyzer_pb2.MANDATORY),
             }
             props = struct_pb2.Struct()
             props.update({"sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["8000"]}]})
