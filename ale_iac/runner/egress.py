@@ -33,9 +33,15 @@ class EgressRefusedError(AleIacError):
 
 def policy_for(profile: Profile, card: TaskCard) -> EgressPolicy | None:
     """The policy of the route that serves ``card``, narrowed by the card's own ``egress`` (ValueError when it
-    would widen it, or when the route has none to narrow)."""
-    _, route = profile.route(card.snapshot)
+    would widen it, or when the route has none to narrow; and for a cloud route's policy, which no runner carries
+    yet: refused when the experiment loads rather than after its VM is up)."""
+    snapshot, route = profile.route(card.snapshot)
     policy = getattr(route, "egress", None)
+    if isinstance(policy, EgressPolicy) and not registry.is_substrate(route.provider):
+        raise ValueError(
+            f"route {snapshot!r} ({route.provider}) has an egress policy: its walls are declared (the VM reaches "
+            "nothing), but a runner does not carry the policy to a cloud unit yet (docs/clouds.md, Egress)"
+        )
     if card.egress is None:
         return policy if isinstance(policy, EgressPolicy) else None
     if not isinstance(policy, EgressPolicy):

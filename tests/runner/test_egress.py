@@ -48,6 +48,23 @@ def test_a_card_that_widens_or_has_nothing_to_narrow_is_refused() -> None:
         policy_for(PROFILE, _card("closed", egress={"allow": ["pypi.org"]}))
 
 
+def test_a_cloud_route_s_policy_is_refused_before_any_vm_is_made() -> None:
+    route = {
+        "provider": "gcloud",
+        "project": "p",
+        "zone": "us-central1-a",
+        "image": "img",
+        "guest_agent": True,
+        "allowed_source_ranges": ["198.51.100.0/24"],
+    }
+    cloud = parse_profile(
+        {"name": "c", "snapshots": {"pypi": {**route, "egress": {"allow": ["pypi.org"]}}, "closed": route}}, "c.yaml"
+    ).profile
+    with pytest.raises(ValueError, match=r"route 'pypi' \(gcloud\) has an egress policy: its walls are declared"):
+        policy_for(cloud, _card("pypi"))
+    assert policy_for(cloud, _card("closed")) is None
+
+
 def test_a_card_that_widens_its_routes_policy_fails_the_run_before_any_unit(tmp_path: Path) -> None:
     make_task(tmp_path, "wide")
     card = tmp_path / "wide" / "task.yaml"
