@@ -18,11 +18,17 @@ import pulumi
 import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
-from pulumi_policy import PolicyCustomTimeouts, PolicyResourceOptions, ResourceValidationArgs
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
 
 from ale_iac.contract import UnitSpec
 from ale_iac.infra.mocks import RecordedResource, RecordingMocks
-from ale_iac.infra.policy import StackResource, check_resource, check_stack, resource_policies
+from ale_iac.infra.policy import StackResource, check_resource, check_stack, resource_policies, stack_policies
 from tests.support.cloud import RUNNER, aliyun_route, aws_route, cloud_mocks, declare_units, gcloud_route, profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,6 +214,36 @@ def test_policy_pack_rejects_world_open_ingress_to_the_server_port_under_mocks(
         assert validate(ECS_RULE, all_rule) == ["ale-no-world-ingress: r: opens all port 8000 to ::/0"]
         drop = recorded(mocks, ECS_RULE, "ecs-deny-egress")
         assert drop["cidrIp"] == "0.0.0.0/0" and validate(ECS_RULE, drop) == []
+
+    return declare_all_clouds().apply(check)
+
+
+def _validate_stack(resources: list[RecordedResource]) -> list[tuple[str, str | None]]:
+    """Run the pack's stack policies on recorded resources as the analyzer hands them over (parents by URN)."""
+    options = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+    made: dict[str, PolicyResource] = {}
+    for r in resources:  # the mocks record parents before their children
+        parent = made[r.parent] if r.parent else None
+        urn = f"urn:pulumi:s::p::{r.type}::{r.name}"
+        made[r.name] = PolicyResource(r.type, copy.deepcopy(r.inputs), urn, r.name, options, None, parent, [], {})
+    found: list[tuple[str, str | None]] = []
+    for policy in stack_policies():
+        args = StackValidationArgs(list(made.values()))
+        policy.validate(args, lambda message, urn=None: found.append((message, urn)))
+    return found
+
+
+@pulumi.runtime.test
+def test_the_pack_s_stack_policy_refuses_a_closed_unit_without_its_walls_under_mocks(
+    mocks: RecordingMocks,
+) -> pulumi.Output[Any]:
+    def check(_: Any) -> None:
+        assert _validate_stack(mocks.resources) == []
+        walls = ("gce-deny-egress-v6", "ecs-deny-egress")
+        assert _validate_stack([r for r in mocks.resources if r.name not in walls]) == [
+            ("gce-vm: no EGRESS firewall denies all to ::/0 (ale-egress=none)", f"urn:pulumi:s::p::{GCE_VM}::gce-vm"),
+            ("ecs-vm: no egress rule drops all to 0.0.0.0/0 (ale-egress=none)", f"urn:pulumi:s::p::{ECS_VM}::ecs-vm"),
+        ]
 
     return declare_all_clouds().apply(check)
 
