@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -32,7 +33,7 @@ from ale_iac.executors.docker import DockerExecutor
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.llm.plan import Plan
 from ale_iac.llm.scripted import ScriptedModelServer
-from ale_iac.paths import home_id
+from ale_iac.paths import cache_root, home_id
 from ale_iac.runner.gc import GcReport, collect_containers
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
@@ -485,15 +486,31 @@ def test_ale_iac_gc_lists_then_removes_a_leftover_container(docker_image: str) -
 
 @pytest.mark.needs_root
 def test_dockerd_script_is_idempotent(docker_engine: None) -> None:
-    rule = ["iptables", "-C", "DOCKER-USER", "-i", "docker0", "!", "-o", "docker0", "-j", "DROP"]
+    """Runs after the first find the engine answering and start nothing: the same single dockerd of ale-iac's
+    configuration, which keeps its promise of no default bridge (every unit has a network of its own)."""
+    config = str(cache_root() / "engine" / "daemon.json")
+
+    def daemons() -> list[int]:
+        return sorted(
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].endswith("dockerd") and config in p.info["cmdline"]
+        )
+
+    before = daemons()
+    assert len(before) == 1, before
     for _ in range(2):
         proc = subprocess.run(
             ["bash", str(REPO / "scripts" / "dockerd.sh")], capture_output=True, text=True, check=False
         )
         assert proc.returncode == 0, proc.stderr
-    assert subprocess.run(rule, capture_output=True, check=False).returncode == 0
-    listing = subprocess.run(["iptables", "-S", "DOCKER-USER"], capture_output=True, text=True, check=True).stdout
-    assert listing.count("-i docker0 ! -o docker0 -j DROP") == 1, listing
+        assert "ready in" not in proc.stderr, proc.stderr  # nothing was started
+    assert daemons() == before
+    client = docker_client()
+    try:
+        assert "bridge" not in {network.name for network in client.networks.list()}
+    finally:
+        client.close()
 
 
 LEAD_PROBE = Path(__file__).parent / "presets" / "probe"
