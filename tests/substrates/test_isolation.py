@@ -46,6 +46,7 @@ from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxSta
 from ale_iac.substrates.qemu.isolation import NOT_APPLICABLE as QEMU_NOT_APPLICABLE
 from ale_iac.substrates.relay import unix_connector
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
+from tests.support.channel import answering_socket
 from tests.support.rootless import HostUser, user_command
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
@@ -566,20 +567,8 @@ def test_the_model_channel_leads_only_to_what_the_host_carries_it_to(sut: Sandbo
         except OSError as exc:
             print("failed", exc.errno)
         """
-    received: list[bytes] = []
     path = tmp_path / "model.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(path))
-        server.listen(1)
-
-        def answer() -> None:
-            conn, _ = server.accept()
-            with conn:
-                data = b""
-                while chunk := conn.recv(100):
-                    data += chunk
-                received.append(data)
-                conn.sendall(b"pong-from-the-host")
+    with answering_socket(path, b"pong-from-the-host") as received:
 
         async def carried() -> dict[str, Any]:
             channel = ModelChannel(sut.endpoint.url, sut.endpoint.token or "", unix_connector(str(path)), pool=1)
@@ -589,10 +578,7 @@ def test_the_model_channel_leads_only_to_what_the_host_carries_it_to(sut: Sandbo
             finally:
                 await channel.aclose()
 
-        thread = threading.Thread(target=answer)
-        thread.start()
         assert asyncio.run(carried())["stdout"].strip() == "got pong-from-the-host"
-        thread.join(timeout=30)
     assert received == [b"ping-from-the-sandbox"]
 
 
@@ -622,37 +608,7 @@ def test_another_user_of_the_host_cannot_drive_the_sandbox(sut: SandboxUnderTest
     added = user_command(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user])
     assert added.returncode == 0, added.stderr
     try:
-        script = textwrap.dedent(
-            f"""
-            import json, urllib.request, urllib.error, os
-            out = {{}}
-            request = urllib.request.Request({sut.endpoint.url + "/cmd"!r}, method="POST",
-                data=json.dumps({{"command": "run_command", "params": {{"command": "id"}}}}).encode(),
-                headers={{"Content-Type": "application/json"}})
-            try:
-                urllib.request.urlopen(request, timeout=10)
-                out["cmd"] = "answered"
-            except urllib.error.HTTPError as exc:
-                out["cmd"] = exc.code
-            for path in {[str(p) for p in sut.probe.host_paths()]!r}:
-                try:
-                    os.listdir(path)
-                    out[path] = "listed"
-                except OSError as exc:
-                    out[path] = exc.errno
-            print(json.dumps(out))
-            """
-        )
-        done = subprocess.run(
-            ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "/usr/bin/python3", "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd="/",
-        )
-        assert done.returncode == 0, done.stderr
-        outcome = json.loads(done.stdout)
+        outcome = _as_host_id(user, user, sut.probe.host_paths(), endpoint=sut.endpoint.url)
         assert outcome.pop("cmd") == 401, outcome
         assert all(value == 13 for value in outcome.values()), outcome  # EACCES on every state folder
     finally:
@@ -753,12 +709,23 @@ def check_host_process_unprivileged(sut: SandboxUnderTest) -> None:
         assert all(value == 13 for value in reached.values()), reached  # EACCES on every one
 
 
-def _as_host_id(uid: int, gid: int, paths: list[Path]) -> dict[str, Any]:
-    """What a process of ``uid``/``gid`` (no groups) gets listing each of ``paths``: an errno, or "listed"."""
+def _as_host_id(uid: int | str, gid: int | str, paths: list[Path], endpoint: str | None = None) -> dict[str, Any]:
+    """What a process of ``uid``/``gid`` (no groups) gets listing each of ``paths``: an errno, or "listed"; and,
+    with ``endpoint``, under ``"cmd"``: the HTTP status of an unauthenticated command there, or "answered"."""
     script = textwrap.dedent(
         f"""
-        import json, os
+        import json, os, urllib.error, urllib.request
         out = {{}}
+        endpoint = {endpoint!r}
+        if endpoint is not None:
+            request = urllib.request.Request(endpoint + "/cmd", method="POST",
+                data=json.dumps({{"command": "run_command", "params": {{"command": "id"}}}}).encode(),
+                headers={{"Content-Type": "application/json"}})
+            try:
+                urllib.request.urlopen(request, timeout=10)
+                out["cmd"] = "answered"
+            except urllib.error.HTTPError as exc:
+                out["cmd"] = exc.code
         for path in {[str(p) for p in paths]!r}:
             try:
                 os.listdir(path)

@@ -11,8 +11,6 @@ import asyncio
 import json
 import secrets
 import shlex
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.qemu import cloud, cloud_boot
 from ale_iac.substrates.relay import unix_connector
+from tests.support.channel import answering_socket
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT_DEADLINE_S = 900.0
@@ -142,20 +141,8 @@ def test_the_reverse_model_channel_carries_a_call_from_the_guest_to_the_host(boo
         "c.sendall(b'ping-from-the-cloud-guest'); c.shutdown(socket.SHUT_WR)\n"
         "print('got', c.recv(100).decode() or 'EOF')\n"
     )
-    received: list[bytes] = []
     path = tmp_path / "model.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(path))
-        server.listen(1)
-
-        def answer() -> None:
-            conn, _ = server.accept()
-            with conn:
-                data = b""
-                while chunk := conn.recv(100):
-                    data += chunk
-                received.append(data)
-                conn.sendall(b"pong-from-the-host")
+    with answering_socket(path, b"pong-from-the-host") as received:
 
         async def carried() -> CommandResult:
             channel = ModelChannel(booted.guest.endpoint, booted.token, unix_connector(str(path)), pool=1)
@@ -166,8 +153,5 @@ def test_the_reverse_model_channel_carries_a_call_from_the_guest_to_the_host(boo
             finally:
                 await channel.aclose()
 
-        thread = threading.Thread(target=answer, daemon=True)
-        thread.start()
         assert asyncio.run(carried()).stdout.strip() == "got pong-from-the-host"
-        thread.join(timeout=30)
     assert received == [b"ping-from-the-cloud-guest"]
