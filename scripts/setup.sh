@@ -115,8 +115,10 @@ step "Pulumi toolchain linked into .venv/bin"; done_step "$BIN_DIR"
 
 # -- 4. images ---------------------------------------------------------------------------------
 step "image: desktop"
+IMAGE_T=$STEP_T
 echo >&2
 "$VENV/bin/ale-iac" images build desktop >&2
-step "image: desktop"; done_step "ready"
+# The label again after the build's own lines, with the time since the step began (the build's included).
+step "image: desktop"; STEP_T=$IMAGE_T; done_step "ready"
 
 printf '[setup] all done in %d s\n' "$(( $(date +%s) - T0 ))" >&2

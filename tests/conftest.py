@@ -28,12 +28,41 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.support.fixtures", "tests.support.rootless"]
 
 
+HEAVY_GROUPS = ("qemu", "real-cli-agents", "ale-claw", "evaluate-runs", "gc-crashes")
+"""``xdist_group`` names, the longest first (``--durations=0`` of a whole run): their tests are collected first, so
+that ``--dist loadgroup`` hands each to a worker at the start and the short tests fill in around them, instead of
+the longest group starting wherever its first file falls and ending the run alone. Other groups follow these,
+then the tests of no group, each in collection order."""
+
+
+def group_of(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def grouping(config: pytest.Config) -> bool:
+    """Whether this run hands out tests by group: ``--dist loadgroup`` (on an xdist worker, where ``dist`` reads
+    ``no``, the ``loadgroup`` flag it sets instead)."""
+    return bool(config.getoption("loadgroup", False)) or config.getoption("dist", "no") == "loadgroup"
+
+
+def _schedule_rank(item: pytest.Item) -> int:
+    group = group_of(item)
+    if group is None:
+        return len(HEAVY_GROUPS) + 1
+    return HEAVY_GROUPS.index(group) if group in HEAVY_GROUPS else len(HEAVY_GROUPS)
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # tryfirst: before the mark plugin deselects by ``-m``, so that ``-m fast`` sees the marker.
     for item in items:
         if not preconditions.markers_of(item):
             item.add_marker(pytest.mark.fast)
+    if grouping(config):
+        items.sort(key=_schedule_rank)  # stable: the same order on every worker, as xdist requires
 
 
 @pytest.hookimpl(tryfirst=True)

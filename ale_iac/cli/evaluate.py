@@ -77,7 +77,7 @@ def gc(
     for name in report.destroyed:
         typer.echo(f"{verb} stack {name}")
     for sandbox in report.sandboxes_stopped:
-        typer.echo(f"{'would stop' if dry_run else 'stopped'} orphaned local sandbox {sandbox}")
+        typer.echo(f"{'would stop' if dry_run else 'stopped'} orphaned sandbox {sandbox}")
     for container in report.containers_removed:
         typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:

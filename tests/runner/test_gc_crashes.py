@@ -152,7 +152,7 @@ def test_gc_repairs_torn_state_files_and_stops_every_sandbox() -> None:
     done = ale_iac("gc")
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(f"repaired damaged state file {path}: " in done.stdout for path in bad), done.stdout
-    assert f"stopped orphaned local sandbox {sandbox['d']}" in done.stdout
+    assert f"stopped orphaned sandbox {sandbox['d']}" in done.stdout
     assert [s.name for s in engine.list_stacks()] == [stacks["e"]]
     assert [s.sandbox_id for s in local_sandboxes.list_sandboxes()] == [sandbox["e"]]
     assert all(sandbox["e"] in line for line in _sandbox_processes(engine.home)), _sandbox_processes(engine.home)

@@ -168,23 +168,30 @@ def _tail(path: Path, lines: int = 15) -> str:
     return " | ".join(text.strip().splitlines()[-lines:]) or "(empty)"
 
 
-def orphans() -> list[tuple[int, Path]]:
-    """(QEMU pid, guest folder) of every cloud disk boot whose starter is gone (killed before its ``stop``)."""
+def orphans(euid: int | None = None) -> list[tuple[int, Path]]:
+    """(QEMU pid, guest folder) of every cloud disk boot whose starter is gone (killed before its ``stop``).
+
+    Only boots the caller (effective uid ``euid``, by default this process's) could remove: root's boots are
+    invisible to a normal user's ``gc``, whose unreadable ``owner.pid`` (in root's 0700 folder) would
+    otherwise make every live boot of root's look orphaned."""
     import psutil
 
+    me = os.geteuid() if euid is None else euid
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
         argv = proc.info["cmdline"] or []
-        if QEMU_NAME not in argv:
+        if QEMU_NAME not in argv or (me != 0 and proc.info["uids"].real != me):
             continue
         serial = next((a for a in argv if a.startswith("file:") and a.endswith("/serial.log")), None)
         if serial is None:
             continue
         guest_dir = Path(serial.removeprefix("file:")).parent
         try:
-            owner = int((guest_dir / OWNER).read_text())
-        except (OSError, ValueError):
-            owner = None
+            owner: int | None = int((guest_dir / OWNER).read_text())
+        except (FileNotFoundError, ValueError):
+            owner = None  # killed before it wrote (all of) its record
+        except OSError:
+            continue  # a folder this user cannot read is not this user's to judge
         if owner is None or not psutil.pid_exists(owner):
             found.append((int(proc.info["pid"]), guest_dir))
     return found
