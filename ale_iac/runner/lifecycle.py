@@ -188,8 +188,13 @@ class _Unit:
 
     async def release(self, provisioner: Provisioner, handle: SandboxHandle | None) -> UnitOutcome:
         if self.egress is not None:  # before the cleanup: its channel goes through the unit's endpoint
-            with contextlib.suppress(Exception):
+            try:
                 await close_egress(self.egress, self.record)
+            except Exception as exc:  # no failure of the cleanup, but on the record (what is left, gc sweeps)
+                folder = self.egress.folder
+                self.record.event(
+                    "egress_close_failed", error=one_line(exc), left_for_gc=str(folder) if folder.exists() else None
+                )
         # Before the cleanup: a destroy or a reset takes the sandbox's limits and its count of OOM kills.
         if (oom := record_limits(handle, self.record)) and self.status is not UnitStatus.SUCCEEDED:
             self.error = oom if self.error is None else f"{self.error}; {oom}"
