@@ -35,6 +35,9 @@ MCP server): never a command-line argument, which every user of the host can rea
 ENDPOINT_TOKEN_FILE_ENV = "ALE_IAC_ENDPOINT_TOKEN_FILE"
 """Or the path of a file holding that token (0600, outside any record): what an executor hands a
 bridge, so that an agent's MCP configuration, which lands in the run record, never holds the token."""
+COMMAND_ENV_ENV = "ALE_IAC_COMMAND_ENV"
+"""A JSON object: the environment every command a bridge starts in its unit sees (the unit's egress proxy
+variables, ``SandboxHandle.command_env``); set by the executor that launches the bridge."""
 
 
 class SandboxPaths(BaseModel):
@@ -177,6 +180,11 @@ class UnitOutputs(BaseModel):
     reset_urns: list[str] = Field(
         default_factory=list,
         description="URNs of the unit's resources that a 'recreate' replaces (its VM, container or sandbox).",
+    )
+    egress: dict[str, Any] | None = Field(
+        default=None,
+        description="The route's egress policy (an ``egress_policy.EgressPolicy`` as JSON), so a pool lease gets "
+        "it as an ephemeral unit does; None: the route has none (or the stack predates the field).",
     )
 
     def token(self) -> str | None:
