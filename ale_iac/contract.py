@@ -195,6 +195,8 @@ class UnitOutputs(BaseModel):
         """The plain dict a stack exports (the token in clear: the caller marks the output secret)."""
         data = self.model_dump()
         data["endpoint_token"] = self.token()
+        if data["egress"] is None:
+            del data["egress"]  # a unit without a policy exports what it did before the field existed
         return data
 
 
