@@ -35,6 +35,9 @@ MCP server): never a command-line argument, which every user of the host can rea
 ENDPOINT_TOKEN_FILE_ENV = "ALE_IAC_ENDPOINT_TOKEN_FILE"
 """Or the path of a file holding that token (0600, outside any record): what an executor hands a
 bridge, so that an agent's MCP configuration, which lands in the run record, never holds the token."""
+COMMAND_ENV_ENV = "ALE_IAC_COMMAND_ENV"
+"""A JSON object: the environment every command a bridge starts in its unit sees (the unit's egress proxy
+variables, ``SandboxHandle.command_env``); set by the executor that launches the bridge."""
 
 
 class SandboxPaths(BaseModel):
@@ -178,6 +181,11 @@ class UnitOutputs(BaseModel):
         default_factory=list,
         description="URNs of the unit's resources that a 'recreate' replaces (its VM, container or sandbox).",
     )
+    egress: dict[str, Any] | None = Field(
+        default=None,
+        description="The route's egress policy (an ``egress_policy.EgressPolicy`` as JSON), so a pool lease gets "
+        "it as an ephemeral unit does; None: the route has none (or the stack predates the field).",
+    )
 
     def token(self) -> str | None:
         """The endpoint's bearer token in clear (for a client or a bridge's environment)."""
@@ -187,6 +195,8 @@ class UnitOutputs(BaseModel):
         """The plain dict a stack exports (the token in clear: the caller marks the output secret)."""
         data = self.model_dump()
         data["endpoint_token"] = self.token()
+        if data["egress"] is None:
+            del data["egress"]  # a unit without a policy exports what it did before the field existed
         return data
 
 

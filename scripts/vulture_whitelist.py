@@ -116,6 +116,7 @@ do_PUT  # http.server calls it by the method name (tests/substrates/qemu/test_me
 _._one_way_out  # unused method (ale_iac/profile.py: a pydantic validator)
 # the egress proxy's plugin, loaded by proxy.py by its name, and its hooks (ale_iac/substrates/egress_proxy.py)
 EgressPlugin  # unused class
+BoundedProxy  # unused class (proxy.py's proxy plugin in its place, loaded by its name)
 _.before_upstream_connection  # unused method
 _.resolve_dns  # unused method
 _.on_access_log  # unused method

@@ -4,6 +4,8 @@ deployer runs: on this host, in the sandbox, in a container) live in ``ale_iac.e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind, ModelApi, TaskPaths
+from ale_iac.contract import COMMAND_ENV_ENV
 from ale_iac.errors import AleIacError
 from ale_iac.sandbox.handle import SandboxHandle
 
@@ -183,9 +186,20 @@ class BaseExecutor(ABC):
     ) -> ProcessResult:
         """Run a process where the agent runs; its output goes to ``log_name`` in the work dir."""
 
-    @abstractmethod
     def bridge(self, kind: BridgeKind) -> BridgeLaunch:
-        """The command that starts an MCP bridge to this unit's sandbox."""
+        """The command that starts an MCP bridge to this unit's sandbox. The commands the bridge starts in the
+        unit see what the runner's own do (``SandboxHandle.command_env``: an egress policy's proxy variables),
+        handed to it in ``ALE_IAC_COMMAND_ENV``."""
+        launch = self.bridge_launch(kind)
+        command_env = self.sandbox.command_env()
+        if not command_env:
+            return launch
+        return dataclasses.replace(launch, env={**launch.env, COMMAND_ENV_ENV: json.dumps(command_env)})
+
+    @abstractmethod
+    def bridge_launch(self, kind: BridgeKind) -> BridgeLaunch:
+        """How this executor starts an MCP bridge to this unit's sandbox (:meth:`bridge` adds the unit's
+        command environment)."""
 
     @abstractmethod
     def write_text(self, relpath: str, text: str) -> str:

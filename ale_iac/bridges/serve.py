@@ -4,11 +4,12 @@ form used where only the runtime bundle is, e.g. inside a sandbox or a container
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
+from ale_iac.contract import COMMAND_ENV_ENV, ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
 from ale_iac.errors import AleIacError
 
 BridgeKind = Literal["vm", "cua"]
@@ -28,6 +29,20 @@ def endpoint_token_from_env() -> str | None:
         raise AleIacError(f"{ENDPOINT_TOKEN_FILE_ENV}={path}: cannot read the token: {exc.strerror or exc}") from None
 
 
+def command_env_from_env() -> dict[str, str]:
+    """What the commands this bridge starts in its unit see: ``ALE_IAC_COMMAND_ENV`` (a JSON object), if set."""
+    text = os.environ.get(COMMAND_ENV_ENV)
+    if not text:
+        return {}
+    try:
+        env = json.loads(text)
+    except ValueError:
+        env = None
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise AleIacError(f"{COMMAND_ENV_ENV} is not a JSON object of strings")
+    return {str(name): value for name, value in env.items()}
+
+
 def serve(kind: BridgeKind, endpoint: str, token: str | None, http: tuple[int, str] | None = None) -> None:
     """Run one bridge until its transport closes (stdin EOF for stdio; a signal for HTTP, served on
     127.0.0.1 at ``http = (port, bearer token)``)."""
@@ -43,7 +58,7 @@ def serve(kind: BridgeKind, endpoint: str, token: str | None, http: tuple[int, s
         else:
             from ale_iac.bridges.cua import build_server
 
-        async with ComputerServerClient(endpoint, token=token) as client:
+        async with ComputerServerClient(endpoint, token=token, env=command_env_from_env()) as client:
             server = build_server(lambda: client)
             try:
                 if http is None:

@@ -223,7 +223,7 @@ class DockerExecutor(HostWorkDir):
         scheme = urlsplit(self.sandbox.endpoint).scheme or "http"
         return f"{scheme}://127.0.0.1:{SANDBOX_PORT}"
 
-    def bridge(self, kind: BridgeKind) -> BridgeLaunch:
+    def bridge_launch(self, kind: BridgeKind) -> BridgeLaunch:
         """The bridge inside, over the sandbox relay. The endpoint token is not here (it is a secret):
         the entry adds ``ALE_IAC_ENDPOINT_TOKEN`` from the secrets it received."""
         env = {"PATH": CONTAINER_PATH, "PYTHONPATH": PYTHONPATH, "HOME": HOME, "LANG": "C.UTF-8"}

@@ -137,7 +137,7 @@ class _InPlaceExecutor(LocalExecutor):
     model_token: str = ""
     endpoint_token: str = ""
 
-    def bridge(self, kind: BridgeKind) -> BridgeLaunch:
+    def bridge_launch(self, kind: BridgeKind) -> BridgeLaunch:
         launch = self.spec["bridges"].get(kind)
         if launch is None:
             raise ValueError(f"the {kind} bridge is not offered where this agent runs")

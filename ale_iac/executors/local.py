@@ -82,7 +82,7 @@ class LocalExecutor(HostWorkDir):
         if clean != text:
             path.write_text(clean)
 
-    def bridge(self, kind: BridgeKind) -> BridgeLaunch:
+    def bridge_launch(self, kind: BridgeKind) -> BridgeLaunch:
         cmd = ale_iac_command()
         env = self.host_env()  # no secret: a bridge needs none but the endpoint's token
         env.pop(TOKEN_ENV, None)

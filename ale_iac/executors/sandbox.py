@@ -91,7 +91,7 @@ class SandboxExecutor(HostWorkDir):
         install = self._cli(name)
         return self._base / ".clis" / f"{install.name}-{install.version}"
 
-    def bridge(self, kind: BridgeKind) -> BridgeLaunch:
+    def bridge_launch(self, kind: BridgeKind) -> BridgeLaunch:
         """The bridge as the deployer starts it inside: stdio, over the server's own loopback."""
         python, pythonpath = self._python()
         return BridgeLaunch(

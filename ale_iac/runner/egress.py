@@ -20,6 +20,7 @@ from ale_iac.substrates.base import Capability
 from ale_iac.substrates.egress import UnitEgress, summarize
 
 if TYPE_CHECKING:
+    from ale_iac.contract import UnitOutputs
     from ale_iac.runner.records import UnitRecord
     from ale_iac.runner.tasks import TaskCard
     from ale_iac.sandbox.handle import SandboxHandle
@@ -46,6 +47,19 @@ def policy_for(profile: Profile, card: TaskCard) -> EgressPolicy | None:
         return policy if isinstance(policy, EgressPolicy) else None
     if not isinstance(policy, EgressPolicy):
         raise ValueError("the task narrows an egress policy, but its route has none (it reaches no network)")
+    return policy.narrowed_by(card.egress)
+
+
+def leased_policy(unit: UnitOutputs, card: TaskCard) -> EgressPolicy | None:
+    """A pool unit's policy: its route's as the pool stack exported it (its outputs' ``egress``), narrowed by
+    ``card``'s as :func:`policy_for` narrows an ephemeral unit's (ValueError likewise)."""
+    policy = EgressPolicy.model_validate(unit.egress) if unit.egress is not None else None
+    if card.egress is None:
+        return policy
+    if policy is None:
+        raise ValueError(
+            f"the task narrows an egress policy, but pool unit {unit.unit} has none (it reaches no network)"
+        )
     return policy.narrowed_by(card.egress)
 
 

@@ -33,7 +33,7 @@ from ale_iac.errors import AleIacError, ConfigError, Problems
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
-from ale_iac.runner.egress import policy_for
+from ale_iac.runner.egress import leased_policy, policy_for
 from ale_iac.runner.experiment import Experiment, ExperimentSpec, UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, run_unit
 from ale_iac.runner.model_plan import LOG_NAME as PLAN_LOG
@@ -45,6 +45,7 @@ from ale_iac.runner.run_claims import RunRegistry, read_claims
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import CARD_NAME, Task
 from ale_iac.sandbox.client import ComputerServerClient
+from ale_iac.sandbox.handle import SandboxHandle
 
 RESULTS = "results.jsonl"
 PREPARED_AHEAD = 4
@@ -201,11 +202,12 @@ def _check_routes(experiment: Experiment, profile: Profile) -> None:
     problems.raise_any()
 
 
-def _egress_of(profile: Profile | None) -> Callable[[UnitPlan], EgressPolicy | None]:
-    """Each unit's egress policy, from the profile's route for its task (a pool run's units have none yet)."""
+def _egress_of(profile: Profile | None) -> Callable[[UnitPlan, SandboxHandle], EgressPolicy | None]:
+    """Each unit's egress policy: from the profile's route for its task, or (a pool run) from the leased unit's
+    outputs (its route's, as the pool stack exported it); narrowed by the task's card either way."""
     if profile is None:
-        return lambda plan: None
-    return lambda plan: policy_for(profile, plan.task.card)
+        return lambda plan, handle: leased_policy(handle, plan.task.card)
+    return lambda plan, handle: policy_for(profile, plan.task.card)
 
 
 def setup_record(experiment: Experiment, loaded: LoadedProfile | None) -> dict[str, Any]:
@@ -373,9 +375,16 @@ def _read_pool(engine: Engine, experiment: Experiment) -> Pool:
     problems = Problems()
     for task in experiment.tasks:
         try:
-            pool.units_for(task.card.snapshot)
+            names = pool.units_for(task.card.snapshot)
         except AleIacError as exc:
             problems.add(task.folder / task.card_file, _snapshot_field(task), str(exc))
+            continue
+        for name in names:  # a card that widens a unit's policy, or narrows one it lacks: refused now
+            try:
+                leased_policy(pool.units[name], task.card)
+            except ValueError as exc:
+                problems.add(task.folder / task.card_file, "egress", str(exc))
+                break
     problems.raise_any()
     return pool
 

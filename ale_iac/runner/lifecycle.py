@@ -85,8 +85,9 @@ class RunContext:
     model_upstream: ModelUpstream | None = None
     """Where every model grant goes instead of its preset's upstream: the run's scripted model server, when
     the run follows a model plan (``evaluate --model-plan``)."""
-    egress: Callable[[UnitPlan], EgressPolicy | None] = lambda plan: None
-    """Each unit's egress policy (its route's, narrowed by its task card's); None: no network."""
+    egress: Callable[[UnitPlan, SandboxHandle], EgressPolicy | None] = lambda plan, handle: None
+    """Each unit's egress policy (its route's, narrowed by its task card's), asked once its sandbox is ready (a
+    pool lease's is known only then: the leased unit's outputs carry it); None: no network."""
     model_plan: dict[str, Any] | None = None
     """The plan the run follows (its file and hash), recorded in each unit's run.json."""
 
@@ -188,8 +189,13 @@ class _Unit:
 
     async def release(self, provisioner: Provisioner, handle: SandboxHandle | None) -> UnitOutcome:
         if self.egress is not None:  # before the cleanup: its channel goes through the unit's endpoint
-            with contextlib.suppress(Exception):
+            try:
                 await close_egress(self.egress, self.record)
+            except Exception as exc:  # no failure of the cleanup, but on the record (what is left, gc sweeps)
+                folder = self.egress.folder
+                self.record.event(
+                    "egress_close_failed", error=one_line(exc), left_for_gc=str(folder) if folder.exists() else None
+                )
         # Before the cleanup: a destroy or a reset takes the sandbox's limits and its count of OOM kills.
         if (oom := record_limits(handle, self.record)) and self.status is not UnitStatus.SUCCEEDED:
             self.error = oom if self.error is None else f"{self.error}; {oom}"
@@ -317,10 +323,12 @@ async def _work(unit: _Unit, provisioner: Provisioner) -> None:
     async with unit.phase("ready", UnitStatus.NOT_READY) as done:
         report = await wait_ready(handle, provisioner.ready_timeout_s)
         done.update(server_version=report.server_version, attempts=report.attempts)
-    if (policy := ctx.egress(plan)) is not None:
+    if (policy := ctx.egress(plan, handle)) is not None:
         async with unit.phase("egress", UnitStatus.NOT_READY) as done:
             unit.egress = await open_egress(handle, policy)
             done["policy"] = policy.summary()
+        # From here on, every command started in the unit sees the proxy variables (SandboxHandle.command_env).
+        handle = unit.handle = handle.with_egress(policy.model_dump(mode="json"))
     async with handle.client() as client:
         sandbox = task.bind(handle, client)
         async with unit.phase("setup", UnitStatus.SETUP_FAILED) as done:

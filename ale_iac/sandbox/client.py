@@ -12,6 +12,7 @@ import itertools
 import math
 from typing import Any, Final, Literal
 
+from ale_iac.sandbox.connection import with_env
 from ale_iac.sandbox.keys import normalize_key, normalize_keys
 from ale_iac.sandbox.protocol import (
     CommandResult,
@@ -56,9 +57,9 @@ class ComputerServerClient(PtyClient):
 
         With ``timeout`` (seconds) the server kills the command when it expires and the result has
         ``timed_out=True``, exit code -1. Without it the command may run as long as it likes, and so
-        may this call.
+        may this call. The client's ``command_env`` is exported first (a unit's egress proxy variables).
         """
-        params: dict[str, Any] = {"command": command}
+        params: dict[str, Any] = {"command": with_env(command, self.command_env)}
         read_timeout: float | None = None
         if timeout is not None:
             if not math.isfinite(timeout) or timeout <= 0:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
@@ -34,6 +36,14 @@ _READ_RETRIES: Final = 3
 _RETRY_BACKOFF_S: Final = (0.1, 0.4)
 
 
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def with_env(command: str, env: Mapping[str, str]) -> str:
+    """``command`` for a POSIX shell, ``env`` exported first (names checked by :class:`ServerConnection`)."""
+    return "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items()) + command
+
+
 class ServerConnection:
     """One computer-server endpoint, over a keep-alive ``httpx.AsyncClient`` (the client's base: the commands
     are :class:`~ale_iac.sandbox.client.ComputerServerClient`'s)."""
@@ -47,11 +57,18 @@ class ServerConnection:
         token: str | None = None,
         trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """``token``: the bearer token the endpoint requires (sandboxes ale-iac starts have one)."""
+        """``token``: the bearer token the endpoint requires (sandboxes ale-iac starts have one). ``env``: what
+        every command started through this client sees in its environment (a shell command's, a PTY's:
+        :func:`with_env`); the unit's own, from its handle (``SandboxHandle.command_env``)."""
         if not endpoint.startswith(("http://", "https://")):
             raise ValueError(f"computer-server endpoint must be an http(s) URL, got {endpoint!r}")
+        for name in env or {}:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"not an environment variable's name: {name!r}")
         self.endpoint = endpoint.rstrip("/")
+        self.command_env: dict[str, str] = dict(env or {})
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._connect_timeout = connect_timeout

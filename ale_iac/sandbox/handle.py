@@ -42,9 +42,24 @@ class SandboxHandle(UnitOutputs):
         )
 
     def client(self, timeout: float = 60.0) -> ComputerServerClient:
+        """A client of the unit's computer-server whose commands see :meth:`command_env`."""
         from ale_iac.sandbox.client import ComputerServerClient
 
-        return ComputerServerClient(self.endpoint, timeout=timeout, token=self.token())
+        return ComputerServerClient(self.endpoint, timeout=timeout, token=self.token(), env=self.command_env())
+
+    def command_env(self) -> dict[str, str]:
+        """What every command started in the unit through its computer-server sees (a task's hooks, the sandbox
+        executor's agent and what it starts): with an egress policy, the proxy variables that lead to the unit's
+        proxy (:data:`~ale_iac.substrates.egress.PROXY_ENV`); nothing otherwise (and nothing on Windows)."""
+        if self.egress is None or self.os != "linux":
+            return {}
+        from ale_iac.substrates.egress import PROXY_ENV
+
+        return dict(PROXY_ENV)
+
+    def with_egress(self, policy: dict[str, Any]) -> SandboxHandle:
+        """This handle once the unit's egress is open under ``policy`` (its route's, narrowed by its task's)."""
+        return self.model_copy(update={"egress": policy})
 
     def summary(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -12,7 +12,7 @@ import shlex
 from collections import deque
 from typing import Any, Final
 
-from ale_iac.sandbox.connection import ServerConnection, describe, http_error
+from ale_iac.sandbox.connection import ServerConnection, describe, http_error, with_env
 from ale_iac.sandbox.protocol import ComputerServerError, PtyOutput, ServerUnreachableError
 
 PTY_BUFFER_BYTES: Final = 2_000_000
@@ -119,7 +119,8 @@ class PtyClient(ServerConnection):
             raise ValueError(f"cols and rows must be >= 1, got {cols}x{rows}")
         gated = await self.os_type() != "windows"
         body: dict[str, Any] = {
-            "command": _PTY_GATE.format(command=shlex.quote(command)) if gated else command,
+            # The client's command_env as run_command has it (a POSIX shell's exports: none on Windows).
+            "command": _PTY_GATE.format(command=shlex.quote(with_env(command, self.command_env))) if gated else command,
             "cols": cols,
             "rows": rows,
         }

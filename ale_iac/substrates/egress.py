@@ -45,6 +45,15 @@ STOP_TIMEOUT_S: Final = 5.0
 PROXY_MODULE: Final = "ale_iac.substrates.egress_proxy"
 IN_UNIT_PROXY: Final = f"http://127.0.0.1:{authproxy.EGRESS_PORT}"
 """``HTTP_PROXY`` / ``HTTPS_PROXY`` inside a unit that has an egress policy."""
+NO_PROXY: Final = "127.0.0.1,localhost"
+"""Not through the proxy: the unit's loopback (its computer-server, the model channel's port)."""
+PROXY_ENV: Final = {
+    **{name: IN_UNIT_PROXY for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
+    **{name: NO_PROXY for name in ("NO_PROXY", "no_proxy")},
+}
+"""The environment of every command the runner starts in a unit that has an egress policy
+(``SandboxHandle.command_env``): tools that honour the usual variables (curl, pip, urllib, httpx, requests)
+reach the unit's proxy with no flag of their own."""
 
 
 class EgressError(AleIacError):

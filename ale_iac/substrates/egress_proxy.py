@@ -35,8 +35,8 @@ from typing import Any, Final
 
 import psutil
 from proxy.http.exception import HttpRequestRejected
-from proxy.http.parser import HttpParser
-from proxy.http.proxy import HttpProxyBasePlugin
+from proxy.http.parser import HttpParser, httpParserStates, httpParserTypes
+from proxy.http.proxy import HttpProxyBasePlugin, HttpProxyPlugin
 
 from ale_iac.egress_policy import EgressPolicy, IpAddress, Verdict
 
@@ -50,8 +50,11 @@ DNS_TIMEOUT_S: Final = 3.0
 BUFFER: Final = 1 << 20
 """proxy.py's receive and send sizes (its defaults, 128 and 64 KiB, cap a download through it at about a
 tenth of this host's loopback rate: bench/bench_egress.py)."""
-PLUGIN: Final = "ale_iac.substrates.egress_proxy.EgressPlugin"
-"""By its importable name: run as ``-m``, this module is ``__main__``."""
+PLUGINS: Final = "ale_iac.substrates.egress_proxy.BoundedProxy,ale_iac.substrates.egress_proxy.EgressPlugin"
+"""By their importable names: run as ``-m``, this module is ``__main__``."""
+CLIENT_QUEUE_BYTES: Final = 2 * BUFFER
+"""Most bytes from a destination queued for a slower client, per connection, before the proxy stops reading
+from the destination (:class:`BoundedProxy`)."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -107,6 +110,52 @@ def resolve(name: str, resolver: str | None) -> list[IpAddress]:
     return found
 
 
+class BodilessResponse(HttpParser):
+    """proxy.py's response parser, keeping none of the body it forwards. proxy.py parses a plain-HTTP response
+    (its state says when the response ends) and keeps its whole body meanwhile, by concatenating ``bytes``: a
+    50 MB download was 50 MB in the proxy, copied anew for every chunk. Here the body is counted, not kept."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.body_received = 0
+
+    def _process_body(self, raw: memoryview) -> tuple[bool, memoryview]:
+        if self._is_chunked_encoded or not self._content_expected:
+            more, rest = super()._process_body(raw)
+            if self.chunk is not None:
+                self.chunk.body = b""  # the chunks parsed so far: forwarded already
+            self.body = None
+            return more, rest
+        self.state = httpParserStates.RCVING_BODY
+        wanted = int(self.header(b"content-length")) - self.body_received
+        self.body_received += min(wanted, len(raw))
+        if self.body_received == int(self.header(b"content-length")):
+            self.state = httpParserStates.COMPLETE
+        return len(raw) > 0, raw[wanted:]
+
+
+class BoundedProxy(HttpProxyPlugin):
+    """proxy.py's own proxy plugin (run with ``--disable-http-proxy`` in its place) with its memory bounded
+    whatever the reader's speed. proxy.py reads the destination whenever it is readable and queues every chunk
+    for the client without a bound, and keeps a plain-HTTP response's body (:class:`BodilessResponse`): a 50 MB
+    download to a slow reader was 60 MB more in the proxy (``tests/substrates/test_egress_proxy.py``). Here,
+    while more than :data:`CLIENT_QUEUE_BYTES` wait in the client's queue, the destination is not read: the
+    kernel's buffers, then TCP's window, hold the rest (backpressure)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response = BodilessResponse(httpParserTypes.RESPONSE_PARSER)
+
+    async def get_descriptors(self) -> tuple[list[int], list[int]]:
+        readers, writers = await super().get_descriptors()
+        upstream = self.upstream
+        if upstream is None or upstream.closed or upstream.connection is None:
+            return readers, writers
+        if sum(len(chunk) for chunk in self.client.buffer) > CLIENT_QUEUE_BYTES:
+            readers = [fd for fd in readers if fd != upstream.connection.fileno()]
+        return readers, writers
+
+
 class EgressPlugin(HttpProxyBasePlugin):
     """The policy check, one instance per client connection (see the module docstring)."""
 
@@ -160,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     _policy()  # a bad policy file fails here, before the socket exists
     from proxy.proxy import Proxy
 
-    flags = ["--unix-socket-path", str(args.socket), "--plugins", PLUGIN, "--threaded"]
+    flags = ["--unix-socket-path", str(args.socket), "--disable-http-proxy", "--plugins", PLUGINS, "--threaded"]
     flags += ["--num-acceptors", "1", "--num-workers", "1", "--log-level", "WARNING", "--timeout", "30"]
     for name in ("client-recvbuf", "server-recvbuf", "max-sendbuf"):
         flags += [f"--{name}-size", str(BUFFER)]

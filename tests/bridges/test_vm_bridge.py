@@ -24,11 +24,16 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from ale_iac.agent_sdk import AgentConfig, make_executor
+from ale_iac.contract import COMMAND_ENV_ENV
+from ale_iac.egress_policy import EgressPolicy
+from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates.egress import IN_UNIT_PROXY, PROXY_ENV
 from tests.support import desktop
-from tests.support.bridges import ALE_IAC, OPTIONAL, REQUIRED, Bridge, assert_matches_seed, sh
+from tests.support.bridges import ALE_IAC, OPTIONAL, REQUIRED, Bridge, assert_matches_seed, open_bridge, sh
 from tests.support.sandbox import Endpoint
 
 pytestmark = pytest.mark.sandbox
@@ -71,6 +76,30 @@ def test_run_command_text_and_structured(vm_bridge: Bridge) -> None:
     assert time.monotonic() - started < 10
     assert timed_out.structured_content is not None and timed_out.structured_content["exit_code"] == -1
     assert "timed out" in timed_out.structured_content["stderr"]
+
+
+def test_a_bridge_an_executor_starts_for_a_unit_with_egress_gives_its_commands_the_proxy_variables(
+    computer_server_endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """The local executor's bridge of a handle whose egress is open: what it runs in the unit sees the proxy
+    variables, as the runner's own commands do (``SandboxHandle.command_env``, ``ALE_IAC_COMMAND_ENV``)."""
+    handle = SandboxHandle.for_endpoint(computer_server_endpoint.url, token=computer_server_endpoint.token)
+    opened = handle.with_egress(EgressPolicy(allow=["pypi.org"]).model_dump(mode="json"))
+    config = AgentConfig(name="a", deployer="tests.support.agents:WriterAgent")
+    executor = make_executor("local", config=config, sandbox=opened, work_dir=tmp_path, env={}, redact=str)
+    launch = executor.bridge("vm")
+    params = StdioServerParameters(command=launch.command, args=launch.args, env={**os.environ, **launch.env})
+    with open_bridge("vm", computer_server_endpoint, tmp_path / "stderr.log", params) as bridge:
+        seen = sorted(sh(bridge, "env | grep -i _proxy=").split())
+        pid = int(bridge.text("pty_start", command="sh -c 'echo \"[$HTTPS_PROXY]\"'").split()[1])
+        assert f"[{IN_UNIT_PROXY}]" in read_pty_until(bridge, pid, r"\[exited, code 0\]$")
+    assert seen == sorted(f"{name}={value}" for name, value in PROXY_ENV.items())
+    assert (
+        COMMAND_ENV_ENV
+        not in make_executor("local", config=config, sandbox=handle, work_dir=tmp_path, env={}, redact=str)
+        .bridge("vm")
+        .env
+    )  # no policy: nothing added
 
 
 def test_text_files(vm_bridge: Bridge) -> None:

@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from ale_iac.agent_sdk import AgentConfig, AgentRunResult, load_deployer_class
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.executors.sandbox import SandboxExecutor
 from ale_iac.runner.records import Redactor
 from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates.egress import PROXY_ENV
 from ale_iac.substrates.local.sandboxes import LocalSandboxState
 from tests.support.sandbox import handle_of, run
 
@@ -73,6 +75,20 @@ def test_the_deployer_runs_inside_the_sandbox(sandbox: LocalSandboxState, tmp_pa
     # The host mirror has the agent's files, not the entry's private ones.
     assert not (mirror / "_spec.json").exists() and not (mirror / "_pid").exists()
     assert (mirror / "install.log").read_text() == "kind=sandbox native_shell=True\n"
+    assert not [line for line in (mirror / "env.txt").read_text().splitlines() if "_proxy=" in line.lower()]
+
+
+def test_a_deployer_in_a_unit_with_egress_sees_the_proxy_variables(sandbox: LocalSandboxState, tmp_path: Path) -> None:
+    """The agent's process, started through the computer-server, has the unit's command environment (the egress
+    proxy's variables: ``SandboxHandle.command_env``), and so has what it runs."""
+    handle = handle_of(sandbox).with_egress(EgressPolicy(allow=["pypi.org"]).model_dump(mode="json"))
+    executor = executor_for(probe_config(), handle, tmp_path / "unit" / "agent")
+    result = asyncio.run(run_probe(executor, "look around", 120))
+    assert result.status == "completed", (result, (tmp_path / "unit" / "agent" / "_entry.log").read_text())
+    seen = [
+        line for line in (tmp_path / "unit" / "agent" / "env.txt").read_text().splitlines() if "_proxy=" in line.lower()
+    ]
+    assert sorted(seen) == sorted(f"{name}={value}" for name, value in PROXY_ENV.items())
 
 
 def test_its_own_deadline_kills_what_it_started(sandbox: LocalSandboxState, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""A unit's policy: its route's, narrowed by its task card's; refused when the card would widen it or has
-nothing to narrow. (The runs themselves: tests/runner/test_egress_runs.py.)"""
+"""A unit's policy: its route's, narrowed by its task card's (a pool lease's from its unit's outputs); refused
+when the card would widen it or has nothing to narrow; and what the unit's commands see with one.
+(The runs themselves: tests/runner/test_egress_runs.py.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import ConfigError
 from ale_iac.profile import parse_profile
-from ale_iac.runner.egress import policy_for
+from ale_iac.runner.egress import leased_policy, policy_for
 from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.tasks import TaskCard
+from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.substrates.egress import IN_UNIT_PROXY
 from tests.support.tasks import make_preset, make_task
 
 PROFILE = parse_profile(
@@ -39,6 +42,33 @@ def test_a_unit_gets_its_routes_policy_narrowed_by_its_card() -> None:
     assert policy_for(PROFILE, _card("closed")) is None
     narrowed = policy_for(PROFILE, _card(egress={"allow": ["files.pythonhosted.org"], "ports": [443]}))
     assert narrowed == EgressPolicy(allow=["files.pythonhosted.org"], ports=[443])
+
+
+def test_a_pool_unit_gets_the_policy_its_outputs_carry_narrowed_by_its_card() -> None:
+    route = EgressPolicy(allow=["pypi.org", "*.pythonhosted.org"])
+    unit = SandboxHandle.for_endpoint("http://127.0.0.1:1").with_egress(route.model_dump(mode="json"))
+    assert leased_policy(unit, _card()) == route
+    narrowed = leased_policy(unit, _card(egress={"allow": ["files.pythonhosted.org"], "ports": [443]}))
+    assert narrowed == EgressPolicy(allow=["files.pythonhosted.org"], ports=[443])
+    with pytest.raises(ValueError, match=r"not covered by the route: example\.com"):
+        leased_policy(unit, _card(egress={"allow": ["example.com"]}))
+    closed = SandboxHandle.for_endpoint("http://127.0.0.1:1")
+    assert leased_policy(closed, _card()) is None
+    with pytest.raises(ValueError, match="pool unit endpoint has none"):
+        leased_policy(closed, _card(egress={"allow": ["pypi.org"]}))
+
+
+def test_the_units_commands_see_the_proxy_variables_only_with_a_policy() -> None:
+    closed = SandboxHandle.for_endpoint("http://127.0.0.1:1")
+    assert closed.command_env() == {}
+    opened = closed.with_egress(EgressPolicy(allow=["pypi.org"]).model_dump(mode="json"))
+    assert opened.command_env() == {
+        **dict.fromkeys(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"], IN_UNIT_PROXY),
+        **dict.fromkeys(["NO_PROXY", "no_proxy"], "127.0.0.1,localhost"),
+    }
+    assert opened.client().command_env == opened.command_env()
+    windows = SandboxHandle.for_endpoint("http://127.0.0.1:1", os="windows")
+    assert windows.with_egress({"allow": ["pypi.org"]}).command_env() == {}  # no POSIX shell to export in
 
 
 def test_a_card_that_widens_or_has_nothing_to_narrow_is_refused() -> None:

@@ -17,15 +17,17 @@ from rich.console import Console
 
 from ale_iac.agent_sdk import AgentConfig, load_deployer_class
 from ale_iac.cli.sandbox import handle_text
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.profile import CleanupMode
 from ale_iac.runner.evaluation import RunSummary, mean_line, print_summary
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.lifecycle import RunContext, UnitOutcome, _grade, _Unit, call_hook, relative_to_record
-from ale_iac.runner.provisioners import keep_sandbox
+from ale_iac.runner.provisioners import NOTHING_TO_CLEAN, Pool, PoolProvisioner, keep_sandbox
 from ale_iac.runner.records import Redactor, UnitRecord
 from ale_iac.runner.run_claims import RunRegistry
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import Task, load_task
+from ale_iac.substrates.egress import UnitEgress
 from ale_iac.task import TaskSandbox
 from tests.support.tasks import make_task
 
@@ -151,6 +153,22 @@ def test_a_failed_phase_says_so_with_its_error(tmp_path: Path) -> None:
     assert phases_["agent"]["ok"] is False and phases_["agent"]["agent_status"] == "failed"
     assert phases_["evaluate"]["ok"] is False and phases_["evaluate"]["error"] == "RuntimeError: evaluate blew up"
     assert "seconds" in phases_["evaluate"]
+
+
+def test_an_egress_that_fails_to_close_is_on_the_record_and_the_cleanup_still_runs(tmp_path: Path) -> None:
+    unit = _unit(tmp_path)
+    egress = UnitEgress("http://127.0.0.1:9", "x" * 32, EgressPolicy(allow=["allowed.test"]), root=tmp_path / "eg")
+    egress._start_proxy()  # a real proxy, no channel: the record is what fails
+    egress._wait_ready()
+    unit.egress = egress
+    (unit.record.folder / "egress.jsonl").mkdir()  # its attempts cannot be written: close_egress raises
+    outcome = asyncio.run(unit.release(PoolProvisioner(Pool("p", {}), lease_timeout_s=1), None))
+    assert outcome.cleanup == NOTHING_TO_CLEAN
+    events = [json.loads(line) for line in (unit.record.folder / "events.jsonl").read_text().splitlines()]
+    [failed] = [e for e in events if e["event"] == "egress_close_failed"]
+    assert failed["error"].startswith("IsADirectoryError") and failed["left_for_gc"] is None  # the proxy stopped
+    assert [e["phase"] for e in events if e["event"] == "phase_end"] == ["cleanup"]
+    assert egress.proc is not None and egress.proc.poll() is not None and not egress.folder.exists()
 
 
 def test_a_second_attempt_is_marked_in_the_events(tmp_path: Path) -> None:

@@ -181,6 +181,26 @@ async def test_pty_interactive_program_exits_with_its_code(client: ComputerServe
 
 
 @pytest.mark.sandbox
+async def test_a_clients_command_env_reaches_its_shell_commands_and_ptys(
+    computer_server_endpoint: Endpoint,
+) -> None:
+    """The environment a client is made with (a unit's egress proxy variables: ``SandboxHandle.command_env``)
+    is what every command it starts sees, quoted whatever it holds; a client made without one adds nothing."""
+    value = "http://127.0.0.1:4011 'quoted' $HOME"
+    async with computer_server_endpoint.client(env={"ALE_CMD_ENV": value}) as with_env:
+        assert await sh(with_env, 'printf %s "$ALE_CMD_ENV"') == value
+        pid = await with_env.pty_start('sh -c \'printf "[%s]" "$ALE_CMD_ENV"\'')
+        out = b""
+        while not (chunk := await with_env.pty_read(pid, timeout_ms=5000)).exited:
+            out += chunk.data
+        assert f"[{value}]".encode() in out + chunk.data
+    async with computer_server_endpoint.client() as plain:
+        assert await sh(plain, 'printf %s "${ALE_CMD_ENV-unset}"') == "unset"
+    with pytest.raises(ValueError, match="not an environment variable's name"):
+        ComputerServerClient("http://sandbox.invalid:1", env={"A;B": "x"})
+
+
+@pytest.mark.sandbox
 async def test_pty_bash_session_resize_and_ctrl_c(client: ComputerServerClient) -> None:
     pid = await client.pty_start(cols=90, rows=20, env={"ALE_PTY_TEST": "yes"}, cwd="/tmp")
     try:

@@ -96,8 +96,11 @@ def _texts(result: CallToolResult) -> list[str]:
 
 
 @contextmanager
-def open_bridge(kind: str, endpoint: Endpoint, errlog: Path) -> Iterator[Bridge]:
-    params = StdioServerParameters(
+def open_bridge(
+    kind: str, endpoint: Endpoint, errlog: Path, params: StdioServerParameters | None = None
+) -> Iterator[Bridge]:
+    """A bridge of ``kind`` to ``endpoint`` as an MCP client starts it (or as ``params`` say: an executor's)."""
+    params = params or StdioServerParameters(
         command=ALE_IAC, args=["mcp", kind, "--endpoint", endpoint.url], env=endpoint.bridge_env()
     )
 
