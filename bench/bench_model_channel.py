@@ -213,7 +213,9 @@ def ticks():
     return int(fields[11]) + int(fields[12])
 before, started = ticks(), time.monotonic()
 time.sleep(float(sys.argv[2]))
-print((ticks() - before) / os.sysconf("SC_CLK_TCK"), time.monotonic() - started)
+after, window = ticks(), time.monotonic() - started
+name = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+print((after - before) / os.sysconf("SC_CLK_TCK"), window, after / os.sysconf("SC_CLK_TCK"), name)
 """
 
 
@@ -222,8 +224,9 @@ def cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
-async def idle_cpu(client: ComputerServerClient, unit: Unit, seconds: float) -> dict[str, float | None]:
-    """CPU seconds over ``seconds`` of idling: the unit's forwarder, this process, the unit's QEMU."""
+async def idle_cpu(client: ComputerServerClient, unit: Unit, seconds: float) -> dict[str, Any]:
+    """CPU seconds over ``seconds`` of idling: the unit's forwarder, this process, the unit's QEMU (and, to show
+    which process was read, the forwarder's CPU since it started and its command line or pid)."""
     me = os.getpid()
     pids = {"host": me, "qemu": unit.qemu_pid, "fwd": unit.forwarder_pid}
     marks = {name: cpu_s(pid) for name, pid in pids.items() if pid}
@@ -233,10 +236,16 @@ async def idle_cpu(client: ComputerServerClient, unit: Unit, seconds: float) -> 
         probe = f"python3 /tmp/bench_idle.py {GUEST_FORWARDER} {seconds}"
         done = await client.run_command(probe, timeout=seconds + 300)
         assert done.exit_code == 0, done.stderr
-        forwarder, window = (float(x) for x in done.stdout.split())
+        spent, took, total, name = done.stdout.split(" ", 3)
+        forwarder, window, seen = (
+            float(spent),
+            float(took),
+            {"forwarder_cpu_since_start_s": float(total), "of": name.strip()},
+        )
     else:
         await asyncio.sleep(seconds)
         forwarder, window = cpu_s(unit.forwarder_pid) - marks["fwd"], time.monotonic() - started
+        seen = {"forwarder_cpu_since_start_s": cpu_s(unit.forwarder_pid), "of": f"pid {unit.forwarder_pid}"}
     wall = time.monotonic() - started
     return {
         "window_s": round(window, 1),
@@ -244,6 +253,7 @@ async def idle_cpu(client: ComputerServerClient, unit: Unit, seconds: float) -> 
         "forwarder_cpu_pct": round(100 * forwarder / window, 3),
         "host_process_cpu_s": round(cpu_s(me) - marks["host"], 3),
         "qemu_cpu_pct": round(100 * (cpu_s(unit.qemu_pid) - marks["qemu"]) / wall, 1) if unit.qemu_pid else None,
+        **seen,
     }
 
 
