@@ -100,7 +100,9 @@ class CloudRouteBase(BaseModel):
         description="The image is ale-iac's own desktop disk (`ale-iac images build desktop --export gce|ec2|ecs`, "
         "docs/clouds.md): its guest agent takes the unit's endpoint token from the instance metadata at boot "
         f"and its forwarder on port {GUEST_AGENT_PORT} admits only requests that carry it. The unit gets a "
-        "token of its own (a secret in the stack) and no startup script; the firewall opens that port only.",
+        "token of its own (a secret in the stack) and no startup script; the firewall opens that port only. "
+        "The forwarder also serves the unit's model and egress channels (the handle's gateway_channel): "
+        "in-sandbox agents reach their model, and an egress policy its proxy, through the endpoint alone.",
     )
     egress: EgressPolicy | None = Field(
         default=None,
@@ -120,6 +122,16 @@ class CloudRouteBase(BaseModel):
     @classmethod
     def _ranges(cls, value: list[str]) -> list[str]:
         return check_source_ranges(value)
+
+    @field_validator("guest_agent")
+    @classmethod
+    def _guest_agent(cls, value: bool, info: ValidationInfo) -> bool:
+        """ale-iac's disk is the Linux desktop image: its paths (python, work dirs) are Linux's."""
+        if value and info.data.get("os") == "windows":
+            raise PydanticCustomError(
+                "guest_agent_is_linux", "guest_agent: true is ale-iac's own disk, a Linux one: give os: linux"
+            )
+        return value
 
     @field_validator("egress")
     @classmethod

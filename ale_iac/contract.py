@@ -134,6 +134,18 @@ class HostChannel(BaseModel):
     )
 
 
+FORWARDER_MODEL_PORT = 4010
+"""The port inside a unit on which an ale-iac forwarder (``substrates/authproxy.py``, ``MODEL_PORT``) serves the
+model channel; its egress port is the next one (4011)."""
+
+
+def forwarder_channel() -> HostChannel:
+    """The model channel of a unit whose endpoint is an ale-iac forwarder: a host substrate's unit, a cloud VM of
+    ale-iac's own disk (the route's ``guest_agent: true``), a static endpoint declared so (``forwarder: true``).
+    The same forwarder serves the unit's egress channel, so a unit with this channel can carry an egress policy."""
+    return HostChannel(sandbox_url=f"http://127.0.0.1:{FORWARDER_MODEL_PORT}")
+
+
 class UnitOutputs(BaseModel):
     """What a stack exports per unit: everything a SandboxHandle needs, nothing provider-internal."""
 
@@ -148,8 +160,10 @@ class UnitOutputs(BaseModel):
     )
     gateway_channel: HostChannel | None = Field(
         default=None,
-        description="How an in-sandbox agent reaches the run's model gateway on the host; None where the "
-        "substrate keeps no such channel (then in-sandbox agents cannot reach a model).",
+        description="How an in-sandbox agent reaches the run's model gateway on the host (set exactly when the "
+        "unit's endpoint is an ale-iac forwarder, which also serves the unit's egress channel: "
+        "forwarder_channel()); None where the endpoint is not one (a cloud image of someone else's, a plain "
+        "static endpoint): then in-sandbox agents cannot reach a model and the unit can carry no egress policy.",
     )
     endpoint_token: SecretStr | None = Field(
         default=None,

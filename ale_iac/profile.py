@@ -15,11 +15,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
 from ale_iac.config_files import read_yaml, validate
-from ale_iac.contract import LINUX_DESKTOP_PATHS, OsName, ResetMode, SandboxPaths, Shape
+from ale_iac.contract import (
+    LINUX_DESKTOP_PATHS,
+    HostChannel,
+    OsName,
+    ResetMode,
+    SandboxPaths,
+    Shape,
+    forwarder_channel,
+)
 from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, ConfigError, Problems, did_you_mean
 from ale_iac.paths import project_root
@@ -141,6 +150,46 @@ class StaticRoute(StrictModel):
         description="The environment variable that holds the endpoints' bearer token (ale-iac's forwarder in "
         "front of them, e.g. a VM of its cloud disk); the token itself never goes in a file.",
     )
+    forwarder: bool = Field(
+        default=False,
+        description="The endpoints are ale-iac forwarders (a VM of ale-iac's cloud disk, a unit of another "
+        "runner's): each serves, besides the computer-server behind it, the model channel (an in-sandbox agent's "
+        "model URL, 127.0.0.1:4010 inside) and the egress channel (127.0.0.1:4011), both carried back to this host "
+        "through the endpoint with its token. Needs endpoint_token_env. False: a plain computer-server (no "
+        "in-sandbox agent with a model, no egress policy).",
+    )
+    egress: EgressPolicy | None = Field(
+        default=None,
+        description="Where units may connect, through a per-unit egress proxy on this host reached over the "
+        "endpoint's egress channel (docs/isolation.md, Egress). Needs forwarder: true. None: nothing (as far as "
+        "ale-iac is concerned: what the endpoint's own network allows is not ale-iac's).",
+    )
+
+    def gateway_channel(self) -> HostChannel | None:
+        """What its units' outputs carry as ``gateway_channel``: the forwarder's channel, or None (both ways a
+        static unit is made, a stack's ``infra/static.py`` and a run's lease of the endpoints, read it here)."""
+        return forwarder_channel() if self.forwarder else None
+
+    @field_validator("forwarder")
+    @classmethod
+    def _forwarder(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and not info.data.get("endpoint_token_env"):
+            raise PydanticCustomError(
+                "forwarder_needs_token",
+                "forwarder: true needs endpoint_token_env (an ale-iac forwarder admits only requests with its "
+                "token, and its channels are opened with it)",
+            )
+        return value
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, value: EgressPolicy | None, info: ValidationInfo) -> EgressPolicy | None:
+        if value is not None and not info.data.get("forwarder"):
+            raise PydanticCustomError(
+                "egress_needs_forwarder",
+                "an egress policy needs forwarder: true (the in-unit proxy port is served by an ale-iac forwarder)",
+            )
+        return value
 
     def endpoint_token(self) -> str | None:
         """The endpoints' token from :attr:`endpoint_token_env`; an error naming the variable when it is unset."""

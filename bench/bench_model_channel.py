@@ -1,9 +1,14 @@
 """What the model channel costs, per substrate: a real unit, the real forwarder in it, the host's
 :class:`~ale_iac.substrates.channel.ModelChannel` and the run's gateway in this process.
 
-    .venv/bin/python bench/bench_model_channel.py [--substrates local docker qemu] [--calls 50] [--mb 20]
+    .venv/bin/python bench/bench_model_channel.py [--substrates local docker qemu gce] [--calls 50] [--mb 20]
+        [--idle-s 30]
 
-Per substrate, a client inside the unit (the image's python3, run through the computer-server) makes
+``gce`` is no substrate but a remote unit: the GCE export of ale-iac's cloud disk (the archive's own disk.raw)
+booted under QEMU as GCE would (``substrates/qemu/cloud_boot.py``: GRUB, virtio-scsi, DHCP, the stand-in metadata
+server its guest agent takes its token from), reached through its endpoint alone, as the runner reaches a cloud VM.
+
+Per unit, a client inside the unit (the image's python3, run through the computer-server) makes
 ``--calls`` streamed model calls (about 1 kB of SSE each) to the channel's ``127.0.0.1:4010``, each on a new
 connection (what pairs a reverse connection and opens a replacement) and all on one keep-alive connection;
 then three calls whose answer streams ``--mb`` MB (the median one counts). The same client code runs on this
@@ -11,7 +16,10 @@ host against the gateway directly for the baseline, so "added" is what the unit'
 endpoint's path add
 (under qemu without KVM, the in-guest client itself runs under TCG: part of it is the guest's CPU).
 Idle cost: the reverse connections held, and the memory of this process and of the unit's forwarder
-(local: the supervisor; docker: the forwarder's process; qemu: the guest agent) before and after the pool opens.
+(local: the supervisor; docker: the forwarder's process; qemu: the guest agent) before and after the pool opens;
+then the forwarder's CPU over ``--idle-s`` seconds with no channel open and again with the channel's idle pool
+open (in a guest, read from inside: the guest agent's /proc stat, in a command that waits the whole window; on
+the host, the forwarder's process), with this process's CPU and, for a guest, its QEMU process's.
 """
 
 from __future__ import annotations
@@ -21,12 +29,15 @@ import asyncio
 import contextlib
 import http.server
 import json
+import os
 import secrets
 import socket
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +51,9 @@ from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.substrates import registry
 from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.relay import unix_connector
+
+GUEST_FORWARDER = "ale-guest-agent"
+"""The guest's forwarder (the model and egress channels are threads of the guest agent, on qemu and the cloud disk)."""
 
 SMALL = b"".join(
     b"event: delta\ndata: " + json.dumps({"type": "delta", "i": i, "pad": "x" * 80}).encode() + b"\n\n"
@@ -139,7 +153,17 @@ def forwarder_pid(kind: str, state: Any) -> int | None:
     return None
 
 
-async def measure(kind: str, calls: int, mb: int, upstream: str) -> dict[str, Any]:
+@dataclass
+class Unit:
+    endpoint: str
+    token: str
+    forwarder_pid: int | None  # on this host (local, docker)
+    qemu_pid: int | None  # the cloud disk's QEMU (not looked up for the qemu substrate's)
+    ready_s: float
+
+
+@contextlib.asynccontextmanager
+async def host_unit(kind: str) -> AsyncIterator[Unit]:
     substrate = registry.get(kind)
     route = profile.parse_profile({"name": "b", "snapshots": {"s": {"provider": kind}}}, "bench").profile.route("s")[1]
     inputs = substrate.inputs_for(UnitSpec(name="u0"), route, "bench-u0", {})
@@ -156,37 +180,116 @@ async def measure(kind: str, calls: int, mb: int, upstream: str) -> dict[str, An
                     break
                 except Exception:
                     await asyncio.sleep(0.2)
-            ready_s = time.monotonic() - started
-            with ModelGateway() as gateway, tempfile.TemporaryDirectory() as folder:
-                grant = gateway.grant(sandbox_id, api="anthropic", upstream_base_url=upstream, api_key=None)
-                sock = Path(folder) / "gateway.sock"
-                grant.attach_unix(sock)
-                me = psutil.Process()
-                pid = forwarder_pid(kind, state)
-                unit_before = rss_mb(pid) if pid else None
-                host_before = me.memory_info().rss / 2**20
-                channel = ModelChannel(state.endpoint, state.endpoint_token, unix_connector(str(sock)))
-                await channel.open()
-                while channel.idle < 4:
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(1.0)
-                idle = {
-                    "connections": channel.idle,
-                    "host_rss_delta_mb": round(me.memory_info().rss / 2**20 - host_before, 2),
-                    "unit_forwarder_rss_delta_mb": round(rss_mb(pid) - unit_before, 2) if pid and unit_before else None,
-                }
-                await client.write_text("/tmp/bench_model_channel.py", CLIENT)
-                script = f"python3 /tmp/bench_model_channel.py 127.0.0.1 4010 {grant.token} {calls} {mb}"
-                done = await client.run_command(script, timeout=900)
-                assert done.exit_code == 0, done.stderr
-                inside = json.loads(done.stdout)
-                await channel.aclose()
-                direct = await asyncio.to_thread(on_host, gateway.tcp_root, grant.token, calls, mb)
+        ready_s = time.monotonic() - started
+        yield Unit(state.endpoint, state.endpoint_token, forwarder_pid(kind, state), None, ready_s)
     finally:
         await asyncio.to_thread(substrate.destroy, sandbox_id, None)
+
+
+@contextlib.asynccontextmanager
+async def gce_unit() -> AsyncIterator[Unit]:
+    """The GCE artifact booted under QEMU with the stand-in metadata server (what tests/substrates/qemu/
+    test_cloud_disk.py boots), its token from there."""
+    from ale_iac.images import require_image
+    from ale_iac.substrates.qemu import cloud, cloud_boot
+
+    archive = await asyncio.to_thread(cloud.ensure_cloud_export, require_image("desktop").name, "gce", print)
+    with tempfile.TemporaryDirectory(prefix="bench-gce-") as folder:
+        disk_raw = await asyncio.to_thread(cloud_boot.unpack_gce, archive, Path(folder) / "unpacked")
+        token = secrets.token_urlsafe(32)
+        guest = cloud_boot.boot(disk_raw, Path(folder) / "guest", {"ale-endpoint-token": token})
+        try:
+            ready_s = await asyncio.to_thread(cloud_boot.wait_ready, guest, token, time.monotonic() + 900)
+            yield Unit(guest.endpoint, token, None, guest.process.pid, ready_s)
+        finally:
+            guest.stop()
+
+
+IDLE_PROBE = r"""
+import os, subprocess, sys, time
+pid = int(subprocess.run(["pgrep", "-o", "-f", sys.argv[1]], capture_output=True, text=True).stdout.split()[0])
+def ticks():
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+before, started = ticks(), time.monotonic()
+time.sleep(float(sys.argv[2]))
+after, window = ticks(), time.monotonic() - started
+name = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+print((after - before) / os.sysconf("SC_CLK_TCK"), window, after / os.sysconf("SC_CLK_TCK"), name)
+"""
+
+
+def cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def idle_cpu(client: ComputerServerClient, unit: Unit, seconds: float) -> dict[str, Any]:
+    """CPU seconds over ``seconds`` of idling: the unit's forwarder, this process, the unit's QEMU (and, to show
+    which process was read, the forwarder's CPU since it started and its command line or pid)."""
+    me = os.getpid()
+    pids = {"host": me, "qemu": unit.qemu_pid, "fwd": unit.forwarder_pid}
+    marks = {name: cpu_s(pid) for name, pid in pids.items() if pid}
+    started = time.monotonic()
+    if unit.forwarder_pid is None:  # a guest: read from inside, in one command that spans the window
+        await client.write_text("/tmp/bench_idle.py", IDLE_PROBE)
+        probe = f"python3 /tmp/bench_idle.py {GUEST_FORWARDER} {seconds}"
+        done = await client.run_command(probe, timeout=seconds + 300)
+        assert done.exit_code == 0, done.stderr
+        spent, took, total, name = done.stdout.split(" ", 3)
+        forwarder, window, seen = (
+            float(spent),
+            float(took),
+            {"forwarder_cpu_since_start_s": float(total), "of": name.strip()},
+        )
+    else:
+        await asyncio.sleep(seconds)
+        forwarder, window = cpu_s(unit.forwarder_pid) - marks["fwd"], time.monotonic() - started
+        seen = {"forwarder_cpu_since_start_s": cpu_s(unit.forwarder_pid), "of": f"pid {unit.forwarder_pid}"}
+    wall = time.monotonic() - started
+    return {
+        "window_s": round(window, 1),
+        "forwarder_cpu_s": round(forwarder, 3),
+        "forwarder_cpu_pct": round(100 * forwarder / window, 3),
+        "host_process_cpu_s": round(cpu_s(me) - marks["host"], 3),
+        "qemu_cpu_pct": round(100 * (cpu_s(unit.qemu_pid) - marks["qemu"]) / wall, 1) if unit.qemu_pid else None,
+        **seen,
+    }
+
+
+async def measure(kind: str, calls: int, mb: int, upstream: str, idle_s: float) -> dict[str, Any]:
+    started_unit = gce_unit() if kind == "gce" else host_unit(kind)
+    async with started_unit as unit, ComputerServerClient(unit.endpoint, token=unit.token, timeout=900) as client:
+        with ModelGateway() as gateway, tempfile.TemporaryDirectory() as folder:
+            grant = gateway.grant(f"bench-{kind}", api="anthropic", upstream_base_url=upstream, api_key=None)
+            sock = Path(folder) / "gateway.sock"
+            grant.attach_unix(sock)
+            me = psutil.Process()
+            pid = unit.forwarder_pid
+            idle_closed = await idle_cpu(client, unit, idle_s) if idle_s else None
+            unit_before = rss_mb(pid) if pid else None
+            host_before = me.memory_info().rss / 2**20
+            channel = ModelChannel(unit.endpoint, unit.token, unix_connector(str(sock)))
+            await channel.open()
+            while channel.idle < 4:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            idle = {
+                "connections": channel.idle,
+                "host_rss_delta_mb": round(me.memory_info().rss / 2**20 - host_before, 2),
+                "unit_forwarder_rss_delta_mb": round(rss_mb(pid) - unit_before, 2) if pid and unit_before else None,
+            }
+            idle_open = await idle_cpu(client, unit, idle_s) if idle_s else None
+            await client.write_text("/tmp/bench_model_channel.py", CLIENT)
+            script = f"python3 /tmp/bench_model_channel.py 127.0.0.1 4010 {grant.token} {calls} {mb}"
+            done = await client.run_command(script, timeout=900)
+            assert done.exit_code == 0, done.stderr
+            inside = json.loads(done.stdout)
+            await channel.aclose()
+            direct = await asyncio.to_thread(on_host, gateway.tcp_root, grant.token, calls, mb)
     return {
         "substrate": kind,
-        "ready_s": round(ready_s, 1),
+        "ready_s": round(unit.ready_s, 1),
         "fresh_p50_ms": round(p50(inside["fresh"]), 2),
         "kept_p50_ms": round(p50(inside["kept"]), 2),
         "direct_fresh_p50_ms": round(p50(direct["fresh"]), 2),
@@ -194,21 +297,24 @@ async def measure(kind: str, calls: int, mb: int, upstream: str) -> dict[str, An
         "stream_mb_s": round(inside["stream_bytes"] / inside["stream_s"] / 2**20, 1),
         "direct_stream_mb_s": round(direct["stream_bytes"] / direct["stream_s"] / 2**20, 1),
         "idle": idle,
+        "idle_cpu_no_channel": idle_closed,
+        "idle_cpu_channel_open": idle_open,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--substrates", nargs="+", default=["local", "docker", "qemu"])
+    parser.add_argument("--substrates", nargs="+", default=["local", "docker", "qemu"], help="and gce: see above")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--mb", type=int, default=20)
+    parser.add_argument("--idle-s", type=float, default=30.0, help="idle CPU window (0: skip)")
     args = parser.parse_args()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     upstream = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         for kind in args.substrates:
-            print(json.dumps(asyncio.run(measure(kind, args.calls, args.mb, upstream))), flush=True)
+            print(json.dumps(asyncio.run(measure(kind, args.calls, args.mb, upstream, args.idle_s))), flush=True)
     finally:
         server.shutdown()
         server.server_close()

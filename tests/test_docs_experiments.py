@@ -26,7 +26,7 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_page_has_the_blocks_this_test_checks() -> None:
-    assert (len(blocks("yaml")), len(blocks("python"))) == (3, 2)
+    assert (len(blocks("yaml")), len(blocks("python"))) == (4, 2)
 
 
 def test_the_experiment_file_loads_and_its_defaults_match_the_table(tmp_path: Path) -> None:
@@ -45,8 +45,18 @@ def test_the_experiment_file_loads_and_its_defaults_match_the_table(tmp_path: Pa
         assert f"| `{field}` | {shown} |" in table
 
 
+def test_the_static_route_of_forwarders_validates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ale_iac.profile import StaticRoute, parse_profile
+
+    snapshots = yaml.safe_load(blocks("yaml")[1])
+    route = parse_profile({"name": "x", "snapshots": snapshots}, "docs").profile.snapshots["gce-vm"]
+    assert isinstance(route, StaticRoute) and route.egress is not None
+    monkeypatch.setenv("ALE_GCE_TOKEN", "t0ken")
+    assert route.gateway_channel() is not None and route.endpoint_token() == "t0ken"
+
+
 def test_the_preset_and_deployer_examples_work(tmp_path: Path) -> None:
-    _, preset_yaml, _ = blocks("yaml")
+    _, _, preset_yaml, _ = blocks("yaml")
     deployer_py = blocks("python")[0]
     (tmp_path / "preset.yaml").write_text(preset_yaml)
     (tmp_path / "deployer.py").write_text(deployer_py)
@@ -60,7 +70,7 @@ def test_the_preset_and_deployer_examples_work(tmp_path: Path) -> None:
 
 
 def test_the_scripted_plan_example_passes_the_checks_and_fills_the_task_folders() -> None:
-    data = yaml.safe_load(blocks("yaml")[2])
+    data = yaml.safe_load(blocks("yaml")[3])
     config = AgentConfig.model_validate({**data, "source_dir": str(REPO / "agents" / "scripted")})
     cls = load_deployer_class(config)
     cls.validate_config(config, bridge_tools())

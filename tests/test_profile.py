@@ -192,3 +192,45 @@ def test_a_static_routes_token_comes_from_the_environment_variable_it_names(monk
     monkeypatch.setenv("ALE_TEST_TOKEN", "t0ken")
     assert route.endpoint_token() == "t0ken"
     assert StaticRoute(provider="static", endpoints=["http://127.0.0.1:9"]).endpoint_token() is None
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "fragment"),
+    [
+        (
+            "{provider: static, endpoints: ['http://127.0.0.1:9'], forwarder: true}",
+            "forwarder",
+            "forwarder: true needs endpoint_token_env",
+        ),
+        (
+            "{provider: static, endpoints: ['http://127.0.0.1:9'], endpoint_token_env: T, egress: {allow: [pypi.org]}}",
+            "egress",
+            "an egress policy needs forwarder: true",
+        ),
+        (
+            "{provider: static, endpoints: ['http://127.0.0.1:9'], endpoint_token_env: T, forwarder: yes please}",
+            "forwarder",
+            "valid boolean",
+        ),
+    ],
+)
+def test_a_static_route_s_forwarder_and_egress_are_validated_at_their_field(
+    tmp_path: Path, route: str, field: str, fragment: str
+) -> None:
+    path = _write(tmp_path, f"config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {route}\n")
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ale-iac:profile.snapshots.s.{field}: "), message
+    assert fragment in message and "\n" not in message
+
+
+def test_a_static_route_of_forwarders_may_carry_an_egress_policy(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {provider: static, endpoints: "
+        "['http://127.0.0.1:9'], endpoint_token_env: T, forwarder: true, egress: {allow: [pypi.org], ports: [443]}}\n",
+    )
+    route = load_profile_file(path).profile.snapshots["s"]
+    assert getattr(route, "forwarder", None) is True
+    assert getattr(route, "egress", None) is not None and route.egress.allow == ["pypi.org"]  # type: ignore[union-attr]

@@ -17,8 +17,9 @@ Everything goes through the sandbox's computer-server (the one transport every s
    is returned or the cancellation goes on. So whatever the cleanup mode, nothing of the agent
    runs in the sandbox once the unit moves on.
 
-The agent reaches its model through the unit's model channel (``UnitOutputs.gateway_channel``, a
-substrate's :attr:`~ale_iac.substrates.base.Capability.HOST_CHANNEL`): the run's gateway serves the unit's
+The agent reaches its model through the unit's model channel (``UnitOutputs.gateway_channel``: any unit whose
+endpoint is an ale-iac forwarder, a host substrate's, a cloud VM of ale-iac's disk, a static endpoint declared
+one; ``registry.require_channel``): the run's gateway serves the unit's
 grant on a private Unix socket here, and for as long as the agent runs a
 :class:`~ale_iac.substrates.channel.ModelChannel` carries each connection the agent makes to the channel's
 in-unit URL back to that socket, over connections this host opens to the unit's endpoint. The agent sends
@@ -50,7 +51,6 @@ from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import ComputerServerError
 from ale_iac.substrates import registry
-from ale_iac.substrates.base import Capability
 from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.relay import unix_connector
 from ale_iac.task import shell_quote
@@ -102,12 +102,8 @@ class SandboxExecutor(HostWorkDir):
 
     def model_access(self) -> ModelAccess:
         why = "an in-sandbox agent reaches its model through it; run the agent with executor: docker or local"
-        registry.require_of(self.sandbox, Capability.HOST_CHANNEL, why)
-        grant = self._grant()
-        channel = self.sandbox.gateway_channel
-        if channel is None:
-            raise AleIacError(f"sandbox {self.sandbox.resource_id} ({self.sandbox.provider}) has no model channel")
-        return grant.access(channel.sandbox_url)
+        channel = registry.require_channel(self.sandbox, why)
+        return self._grant().access(channel.sandbox_url)
 
     def cli(self, name: str) -> str:
         return str(self._cli_dir(name) / self._cli(name).entry)

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ale_iac import clock
-from ale_iac.contract import SandboxPaths, UnitOutputs
+from ale_iac.contract import SandboxPaths, UnitOutputs, forwarder_channel
 from ale_iac.contract import paths_for as contract_paths_for
 
 if TYPE_CHECKING:
@@ -413,7 +413,8 @@ def unit_handle(
     handle also waits for ``depends_on`` (the unit's firewall rules / security group): an endpoint
     is only usable once the rules that let the runner reach it exist. ``reset_urn`` is the VM's URN:
     what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay). ``token`` is the
-    endpoint's token on ale-iac's own disk (a secret: so is then the whole handle).
+    endpoint's token on ale-iac's own disk (a secret: so is then the whole handle). On that disk the endpoint is
+    ale-iac's forwarder, so the handle carries its model channel (and the unit can carry an egress policy).
     """
     import pulumi
 
@@ -440,6 +441,9 @@ def unit_handle(
             managed=True,
             reset=route.reset,
             reset_urns=[str(urn)],
+            gateway_channel=forwarder_channel() if route.guest_agent else None,
+            # A pool lease's policy comes from here (runner/egress.leased_policy), as a host substrate's does.
+            egress=route.egress.model_dump(mode="json") if route.egress is not None else None,
         )
         return handle.to_output()
 

@@ -1,7 +1,9 @@
 """The ``static`` provider: existing computer-server endpoints. Declares no resource at all.
 
 Unit *i* of a stack gets endpoint *i* of the route; ale-iac never destroys what it did not create,
-so the handles say ``managed: false`` and destroying the stack touches nothing outside Pulumi state.
+so the handles say ``managed: false`` and destroying the stack touches nothing outside Pulumi state. A route
+with ``forwarder: true`` says its endpoints are ale-iac forwarders: their handles carry the model channel
+(``gateway_channel``), which also lets their units carry an egress policy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def declare_unit(unit: UnitSpec, snapshot: str, route: StaticRoute, ctx: Declare
         "expires_at": None,
         "managed": False,
         "reset": route.reset,
+        "gateway_channel": channel.model_dump() if (channel := route.gateway_channel()) else None,
         **_token(route),
     }
 

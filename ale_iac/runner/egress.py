@@ -16,7 +16,6 @@ from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.profile import Profile
 from ale_iac.substrates import registry
-from ale_iac.substrates.base import Capability
 from ale_iac.substrates.egress import UnitEgress, summarize
 
 if TYPE_CHECKING:
@@ -34,15 +33,11 @@ class EgressRefusedError(AleIacError):
 
 def policy_for(profile: Profile, card: TaskCard) -> EgressPolicy | None:
     """The policy of the route that serves ``card``, narrowed by the card's own ``egress`` (ValueError when it
-    would widen it, or when the route has none to narrow; and for a cloud route's policy, which no runner carries
-    yet: refused when the experiment loads rather than after its VM is up)."""
-    snapshot, route = profile.route(card.snapshot)
+    would widen it, or when the route has none to narrow). A route carries a policy only where its units' endpoint
+    is an ale-iac forwarder (host routes; ``guest_agent: true``, ``forwarder: true``: the route models refuse the
+    rest), so any route's policy is carried: :func:`open_egress` checks the unit's own outputs."""
+    _, route = profile.route(card.snapshot)
     policy = getattr(route, "egress", None)
-    if isinstance(policy, EgressPolicy) and not registry.is_substrate(route.provider):
-        raise ValueError(
-            f"route {snapshot!r} ({route.provider}) has an egress policy: its walls are declared (the VM reaches "
-            "nothing), but a runner does not carry the policy to a cloud unit yet (docs/clouds.md, Egress)"
-        )
     if card.egress is None:
         return policy if isinstance(policy, EgressPolicy) else None
     if not isinstance(policy, EgressPolicy):
@@ -64,8 +59,8 @@ def leased_policy(unit: UnitOutputs, card: TaskCard) -> EgressPolicy | None:
 
 
 async def open_egress(handle: SandboxHandle, policy: EgressPolicy) -> UnitEgress:
-    """The unit's proxy and channel (its substrate must carry a host channel: local, docker, qemu)."""
-    registry.require_of(handle, Capability.HOST_CHANNEL, f"unit {handle.unit} has an egress policy")
+    """The unit's proxy and channel (its endpoint must be an ale-iac forwarder: its outputs carry the channel)."""
+    registry.require_channel(handle, f"unit {handle.unit} has an egress policy")
     token = handle.token()
     if token is None:
         raise AleIacError(f"unit {handle.unit} has no endpoint token: its egress channel cannot be opened")

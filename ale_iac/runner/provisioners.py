@@ -229,6 +229,7 @@ def static_pool(profile: Profile, backend_url: str | None = None) -> Pool | None
                 labels={"profile": profile.name, "unit": name},
                 managed=False,
                 endpoint_token=SecretStr(token) if token else None,
+                gateway_channel=route.gateway_channel(),
             )
     return Pool(
         stack,

@@ -36,11 +36,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS, HostChannel, UnitOutputs, UnitSpec
+from ale_iac.contract import LINUX_DESKTOP_PATHS, HostChannel, UnitOutputs, UnitSpec, forwarder_channel
 from ale_iac.errors import AleIacError
 from ale_iac.images import require_image
 from ale_iac.profile import HostRoute
-from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.isolation import IsolationProbe
 
 LogFn = Callable[[str], None]
@@ -241,7 +240,7 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
         forwarder serves the model channel on; None without the capability."""
         if Capability.HOST_CHANNEL not in self.capabilities:
             return None
-        return HostChannel(sandbox_url=f"http://127.0.0.1:{MODEL_PORT}")
+        return forwarder_channel()
 
     def extra_outputs(self, state: StateT) -> dict[str, Any]:
         """What this substrate's handles carry beyond the common fields (transport, expiry)."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ale_iac.contract import UnitOutputs
+from ale_iac.contract import HostChannel, UnitOutputs
 from ale_iac.errors import AleIacError
 from ale_iac.substrates.base import Capability, LogFn, Substrate, require
 
@@ -71,6 +71,30 @@ def require_of(unit: UnitOutputs, capability: Capability, why: str = "") -> AnyS
         )
     require(substrate, capability, why)
     return substrate
+
+
+FORWARDERS = (
+    "a host substrate's unit, a cloud route's with guest_agent: true (ale-iac's own disk), "
+    "a static route's with forwarder: true"
+)
+"""The units whose endpoint is an ale-iac forwarder, in the words a refusal uses."""
+
+
+def require_channel(unit: UnitOutputs, why: str = "") -> HostChannel:
+    """The unit's host channels (the model channel and, from the same forwarder, the egress channel): had by any
+    unit whose outputs say its endpoint is an ale-iac forwarder (``gateway_channel``), whatever its provider. A
+    host substrate's unit is refused when its substrate lacks the capability (naming the substrate and it); any
+    other unit without the channel is refused naming the unit, its provider and what it lacks."""
+    substrate = of_unit(unit)
+    if substrate is not None:
+        require(substrate, Capability.HOST_CHANNEL, why)
+    if unit.gateway_channel is None:
+        raise AleIacError(
+            f"unit {unit.unit} runs on {unit.provider}, whose endpoint is no ale-iac forwarder (its outputs carry "
+            f"no gateway_channel; one is {FORWARDERS}): it has no {Capability.HOST_CHANNEL.value}"
+            + (f": {why}" if why else "")
+        )
+    return unit.gateway_channel
 
 
 def units_on_image(rootfs: Path) -> list[str]:

@@ -16,6 +16,7 @@ import pulumi
 import pytest
 
 from ale_iac.contract import UnitSpec
+from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import ConfigError
 from ale_iac.infra.mocks import RecordingMocks
 from ale_iac.infra.plan import render, render_profile
@@ -59,7 +60,7 @@ def _egress_rules(mocks: RecordingMocks, unit: str) -> dict[str, dict[str, Any]]
 def test_a_policy_unit_is_walled_like_a_closed_one_on_each_cloud_under_mocks(
     mocks: RecordingMocks,
 ) -> pulumi.Output[Any]:
-    def check(_: Any) -> None:
+    def check(handles: list[dict[str, Any]]) -> None:
         for unit in ("gce", "gce-closed"):
             walls = _egress_rules(mocks, unit)
             assert sorted(walls) == [f"{unit}-deny-egress", f"{unit}-deny-egress-v6"]
@@ -100,6 +101,14 @@ def test_a_policy_unit_is_walled_like_a_closed_one_on_each_cloud_under_mocks(
             "ecs-closed-vm": "none",
         }
         assert egress_wall_violations(_stack(mocks)) == []
+        # The handles carry the policy (a pool lease's comes from there: runner/egress.leased_policy); the closed
+        # units' export no egress key at all, as before the field existed.
+        policies = {handle["unit"]: handle.get("egress", "absent") for handle in handles}
+        expected = EgressPolicy.model_validate(POLICY).model_dump(mode="json")
+        assert policies == {
+            unit: (expected if "closed" not in unit else "absent")
+            for unit in ("gce", "gce-closed", "ec2", "ec2-closed", "ecs", "ecs-closed")
+        }
 
     return _declare(
         {

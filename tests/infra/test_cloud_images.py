@@ -11,13 +11,15 @@ import pulumi
 import pytest
 
 from ale_iac.cloud_routes import GUEST_AGENT_PORT
-from ale_iac.contract import UnitSpec
+from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec, forwarder_channel
 from ale_iac.errors import ConfigError
 from ale_iac.infra import aliyun
 from ale_iac.infra.endpoint_token import TOKEN_KEY, TTL_KEY
 from ale_iac.infra.mocks import RecordingMocks
-from ale_iac.infra.plan import shipped_plan_path
+from ale_iac.infra.plan import render_profile, shipped_plan_path
 from ale_iac.infra.policy import check_resource
+from ale_iac.substrates import registry
+from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.qemu import cloud
 from tests.support.cloud import aliyun_route, aws_route, cloud_mocks, declare_units, gcloud_route, profile
 
@@ -203,3 +205,61 @@ def test_the_shipped_plans_show_the_imports_and_tokens_but_no_token_value() -> N
     assert "gcp:compute/image:Image" in shipped_plan_path("gcloud").read_text()
     assert "aws:ebs/snapshotImport:SnapshotImport" in shipped_plan_path("aws").read_text()
     assert "alicloud:ecs/imageImport:ImageImport" in shipped_plan_path("aliyun").read_text()
+
+
+ROUTES = {"gcloud": gcloud_route, "aws": aws_route, "aliyun": aliyun_route}
+
+
+@pytest.mark.parametrize("cloud_kind", sorted(ROUTES))
+@pulumi.runtime.test
+def test_a_unit_of_the_own_disk_carries_the_forwarder_s_channel_and_the_disk_s_paths_under_mocks(
+    cloud_kind: str,
+) -> pulumi.Output[Any]:
+    """Its endpoint is ale-iac's forwarder: the handle says so (``gateway_channel``, the model channel at the
+    forwarder's port inside), the runner's check accepts it, and the paths the sandbox executor stages its runtime
+    at are the desktop disk's (the image's python3, /root/.ale)."""
+
+    def check(handles: list[dict[str, Any]]) -> None:
+        own, other = (UnitOutputs.model_validate(h) for h in handles)
+        assert own.gateway_channel == forwarder_channel()
+        assert own.gateway_channel.sandbox_url == f"http://127.0.0.1:{MODEL_PORT}"
+        assert registry.require_channel(own) == own.gateway_channel
+        assert own.paths == LINUX_DESKTOP_PATHS and own.inner_endpoint == "http://127.0.0.1:8000"
+        assert other.gateway_channel is None
+
+    route = ROUTES[cloud_kind]
+    routes = {"own": route(guest_agent=True), "other": route()}
+    handles = declare_units(profile(routes), [UnitSpec("u0", "own"), UnitSpec("u1", "other")], stack="img-test")
+    return pulumi.Output.all(handles["u0"], handles["u1"]).apply(check)
+
+
+def test_the_own_disk_is_linux() -> None:
+    with pytest.raises(ConfigError, match=r"snapshots\.snap\.guest_agent: guest_agent: true is ale-iac's own disk"):
+        profile({"snap": gcloud_route(guest_agent=True, os="windows")})
+
+
+@pytest.mark.parametrize("stack", ["gcloud", "aws", "aliyun"])
+def test_each_cloud_profile_s_own_disk_units_carry_the_channel_in_the_plan(stack: str) -> None:
+    text = render_profile(stack).text
+    handles = text.count("endpoint_token: '[secret]'")  # the own disk's units: a token each
+    assert handles and text.count(f"sandbox_url: http://127.0.0.1:{MODEL_PORT}") == handles
+
+
+@pulumi.runtime.test
+def test_a_static_route_of_forwarders_carries_the_channel_under_mocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> pulumi.Output[Any]:
+    """``forwarder: true`` is the route's word that its endpoints are ale-iac forwarders (a VM of the disk booted
+    elsewhere, say): their handles carry the channel; a plain static endpoint's do not."""
+    monkeypatch.setenv("ALE_TEST_STATIC_TOKEN", "t0ken")
+    endpoints = ["http://127.0.0.1:9", "http://127.0.0.1:11"]  # unit i of the stack takes endpoint i
+    endpoint = {"provider": "static", "endpoints": endpoints, "endpoint_token_env": "ALE_TEST_STATIC_TOKEN"}
+    routes = {"fw": {**endpoint, "forwarder": True}, "plain": endpoint}
+
+    def check(handles: list[dict[str, Any]]) -> None:
+        fw, plain = (UnitOutputs.model_validate(h) for h in handles)
+        assert fw.gateway_channel == forwarder_channel() and fw.token() == "t0ken" and not fw.managed
+        assert plain.gateway_channel is None
+
+    handles = declare_units(profile(routes), [UnitSpec("u0", "fw"), UnitSpec("u1", "plain")], stack="img-test")
+    return pulumi.Output.all(handles["u0"], handles["u1"]).apply(check)

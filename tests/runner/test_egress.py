@@ -4,15 +4,17 @@ when the card would widen it or has nothing to narrow; and what the unit's comma
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from ale_iac.contract import LINUX_DESKTOP_PATHS
 from ale_iac.egress_policy import EgressPolicy
-from ale_iac.errors import ConfigError
+from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.profile import parse_profile
-from ale_iac.runner.egress import leased_policy, policy_for
+from ale_iac.runner.egress import leased_policy, open_egress, policy_for
 from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.tasks import TaskCard
@@ -78,7 +80,9 @@ def test_a_card_that_widens_or_has_nothing_to_narrow_is_refused() -> None:
         policy_for(PROFILE, _card("closed", egress={"allow": ["pypi.org"]}))
 
 
-def test_a_cloud_route_s_policy_is_refused_before_any_vm_is_made() -> None:
+def test_a_remote_route_s_policy_is_carried_as_a_host_route_s() -> None:
+    """A cloud route of ale-iac's disk and a static route of forwarders: their units' endpoints serve the egress
+    channel, so their policies are the units' (no longer refused when the experiment loads)."""
     route = {
         "provider": "gcloud",
         "project": "p",
@@ -87,12 +91,37 @@ def test_a_cloud_route_s_policy_is_refused_before_any_vm_is_made() -> None:
         "guest_agent": True,
         "allowed_source_ranges": ["198.51.100.0/24"],
     }
-    cloud = parse_profile(
-        {"name": "c", "snapshots": {"pypi": {**route, "egress": {"allow": ["pypi.org"]}}, "closed": route}}, "c.yaml"
+    static = {"provider": "static", "endpoints": ["http://127.0.0.1:9"], "endpoint_token_env": "T", "forwarder": True}
+    policy = {"allow": ["pypi.org"]}
+    remote = parse_profile(
+        {
+            "name": "c",
+            "snapshots": {"pypi": {**route, "egress": policy}, "closed": route, "fw": {**static, "egress": policy}},
+        },
+        "c.yaml",
     ).profile
-    with pytest.raises(ValueError, match=r"route 'pypi' \(gcloud\) has an egress policy: its walls are declared"):
-        policy_for(cloud, _card("pypi"))
-    assert policy_for(cloud, _card("closed")) is None
+    assert policy_for(remote, _card("pypi")) == EgressPolicy(allow=["pypi.org"])
+    assert policy_for(remote, _card("fw")) == EgressPolicy(allow=["pypi.org"])
+    assert policy_for(remote, _card("closed")) is None
+
+
+def test_a_unit_whose_endpoint_is_no_forwarder_is_refused_its_egress_naming_it_and_what_it_lacks() -> None:
+    handle = SandboxHandle(
+        stack="s",
+        unit="u0",
+        provider="static",
+        endpoint="http://127.0.0.1:9",
+        snapshot="s",
+        image="static",
+        resource_id="http://127.0.0.1:9",
+        paths=LINUX_DESKTOP_PATHS,
+        managed=False,
+    )
+    with pytest.raises(AleIacError) as refused:
+        asyncio.run(open_egress(handle, EgressPolicy(allow=["pypi.org"])))
+    message = str(refused.value)
+    assert message.startswith("unit u0 runs on static, whose endpoint is no ale-iac forwarder"), message
+    assert "static route's with forwarder: true" in message and message.endswith("unit u0 has an egress policy")
 
 
 def test_a_card_that_widens_its_routes_policy_fails_the_run_before_any_unit(tmp_path: Path) -> None:

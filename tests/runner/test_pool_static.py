@@ -47,3 +47,18 @@ def test_each_unit_of_a_static_profile_leases_its_own_endpoint(tmp_path: Path) -
     # Three units on two endpoints: both used, one twice (the third waited for a lease).
     assert sorted(Counter(leased).values()) == [1, 2] and set(leased) == {"cpu-free-ubuntu-0", "cpu-free-ubuntu-1"}
     assert Engine().list_stacks() == []
+
+
+def test_a_static_route_of_forwarders_leases_units_that_carry_the_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease's handles say what a stack's would (``infra/static.py``): one read of the route for both."""
+    from ale_iac.contract import forwarder_channel
+    from ale_iac.profile import parse_profile
+    from ale_iac.runner.provisioners import static_pool
+
+    monkeypatch.setenv("ALE_TEST_STATIC_TOKEN", "t0ken")
+    route = {"provider": "static", "endpoints": DEAD, "endpoint_token_env": "ALE_TEST_STATIC_TOKEN"}
+    snapshots = {"fw": {**route, "forwarder": True}, "plain": route}
+    pool = static_pool(parse_profile({"name": "p", "snapshots": snapshots}, "p.yaml").profile)
+    assert pool is not None
+    channels = {name: unit.gateway_channel for name, unit in pool.units.items()}
+    assert channels == {"fw-0": forwarder_channel(), "fw-1": forwarder_channel(), "plain-0": None, "plain-1": None}

@@ -72,6 +72,16 @@ def test_a_capability_is_had_whole_or_not_at_all(name: str) -> None:
     assert channel is None or channel.sandbox_url == "http://127.0.0.1:4010"
 
 
+def test_the_contract_s_forwarder_channel_is_the_forwarder_s_model_port() -> None:
+    """The declaring side (a cloud VM of ale-iac's disk, a static forwarder) names the port without importing the
+    forwarder, which is copied into units as a file of its own: the two must agree."""
+    from ale_iac.contract import FORWARDER_MODEL_PORT, forwarder_channel
+    from ale_iac.substrates.authproxy import EGRESS_PORT, MODEL_PORT
+
+    assert (FORWARDER_MODEL_PORT, FORWARDER_MODEL_PORT + 1) == (MODEL_PORT, EGRESS_PORT)
+    assert forwarder_channel().sandbox_url == f"http://127.0.0.1:{MODEL_PORT}"
+
+
 def test_names_and_resource_types_are_unique() -> None:
     types = [registry.get(name).resource_type for name in NAMES]
     assert len(set(types)) == len(types) == len(NAMES)

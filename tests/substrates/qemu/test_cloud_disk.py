@@ -2,7 +2,10 @@
 GRUB, virtio-scsi, a virtio-net NIC configured by DHCP, and a stand-in metadata server on 169.254.169.254 (QEMU's
 ``guestfwd``). The guest takes its endpoint token from there, its forwarder answers only with that token, and the
 scripted agent solves a demo task through it end to end (``ale-iac evaluate`` on a static profile naming the
-endpoint). One boot serves the module (a TCG boot takes minutes); the export is made on first need.
+endpoint). The same endpoint declared an ale-iac forwarder (``forwarder: true``) gets a remote unit's two host
+channels: the real Claude Code CLI runs in the guest (the ``sandbox`` executor) and reaches the scripted model
+through the reverse model channel, and an egress policy on the route is carried to a proxy on this host through
+the guest's 127.0.0.1:4011. One boot serves the module (a TCG boot takes minutes); the export is made on first need.
 """
 
 from __future__ import annotations
@@ -11,14 +14,17 @@ import asyncio
 import json
 import secrets
 import shlex
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ale_iac.images import ImageInfo
+from ale_iac.runner import evaluation
 from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.status import UnitStatus
@@ -26,9 +32,13 @@ from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import CommandResult
 from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.channel import ModelChannel
+from ale_iac.substrates.egress import IN_UNIT_PROXY
 from ale_iac.substrates.qemu import cloud, cloud_boot
 from ale_iac.substrates.relay import unix_connector
+from tests.agents.test_cli_agents import bridge_calls
 from tests.support.channel import answering_socket
+from tests.support.fake_internet import fake_internet
+from tests.support.tasks import make_preset
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT_DEADLINE_S = 900.0
@@ -155,3 +165,158 @@ def test_the_reverse_model_channel_carries_a_call_from_the_guest_to_the_host(boo
 
         assert asyncio.run(carried()).stdout.strip() == "got pong-from-the-host"
     assert received == [b"ping-from-the-cloud-guest"]
+
+
+def _static_profile(tmp_path: Path, booted: Booted, monkeypatch: pytest.MonkeyPatch, **extra: object) -> Path:
+    """A static profile whose one route names the booted guest's endpoint, declared an ale-iac forwarder."""
+    monkeypatch.setenv("ALE_TEST_GCE_TOKEN", booted.token)
+    route = {
+        "provider": "static",
+        "endpoints": [booted.guest.endpoint],
+        "endpoint_token_env": "ALE_TEST_GCE_TOKEN",
+        "forwarder": True,
+        **extra,
+    }
+    profile = tmp_path / "Pulumi.gce-forwarder.yaml"
+    profile.write_text(
+        "config:\n  ale-iac:profile:\n    name: gce-forwarder\n    ready_timeout_s: 300\n    snapshots:\n"
+        f"      cpu-free-ubuntu: {json.dumps(route)}\n"
+    )
+    return profile
+
+
+def _no_secret_in(run_dir: Path, *secrets_: str) -> None:
+    for record in run_dir.rglob("*"):
+        if record.is_file():
+            data = record.read_bytes()
+            for secret in secrets_:
+                assert secret.encode() not in data, record
+
+
+@pytest.mark.engine
+@pytest.mark.agent_clis
+def test_claude_code_solves_a_demo_task_in_the_guest_through_the_reverse_model_channel(
+    booted: Booted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped preset on its default executor (``sandbox``): its runtime, the CLI and the deployer staged in
+    the guest at the profile's paths, the CLI's model calls carried from the guest's 127.0.0.1:4010 to the run's
+    gateway (and on to the run's scripted model server) over connections this host opened to the endpoint; the
+    CLI's own shell solves the task in the guest."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    started: list[evaluation.PlanServer] = []
+
+    class Recorded(evaluation.PlanServer):
+        def start(self) -> None:
+            super().start()
+            started.append(self)
+
+    monkeypatch.setattr(evaluation, "PlanServer", Recorded)
+    # The demo task's own limit (120 s) is for a host that runs its guest natively; under TCG the staging alone (the
+    # runtime and the CLI, 250 MB, unpacked by the guest) takes minutes, and the limit covers it.
+    task = tmp_path / "cli-log-stats"
+    shutil.copytree(REPO / "examples" / "tasks" / "cli-log-stats", task)
+    card = task / "task.yaml"
+    card.write_text(card.read_text().replace("timeout_s: 120\n", "timeout_s: 1200\n"))
+    # The shipped plan without its screenshot: under TCG the in-guest cua bridge's Python start can take longer than
+    # the 60 s Claude Code waits for an MCP server (docs/agents.md), and the channel is what this test is about.
+    plan = yaml.safe_load((REPO / "examples" / "plans" / "cli-log-stats.yaml").read_text())
+    turns = plan["scripts"][0]["turns"]
+    plan["scripts"][0]["turns"] = [t for t in turns if t.get("tool") != "mcp:cua.screenshot"]
+    assert len(plan["scripts"][0]["turns"]) == len(turns) - 1 == 2
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    spec = {
+        "name": "gce-claude-code",
+        "agents": [str(REPO / "agents" / "claude_code" / "preset.yaml")],
+        "tasks": [str(task)],
+        "profile": str(_static_profile(tmp_path, booted, monkeypatch)),
+        "model_plan": str(tmp_path / "plan.yaml"),
+        "concurrency": 1,
+        "unit_timeout_s": 1200,
+        "output_root": str(tmp_path / "runs"),
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps(spec))
+
+    summary = run_experiment(load_experiment(path))
+
+    [outcome] = summary.outcomes
+    unit = summary.run_dir / outcome.unit_id
+    logs = {p.name: p.read_text(errors="replace")[-3000:] for p in (unit / "agent").rglob("*.log")}
+    assert outcome.status == UnitStatus.SUCCEEDED, (outcome, (unit / "events.jsonl").read_text(), logs)
+    assert outcome.score == 1.0
+    trajectory = json.loads((unit / "trajectory.json").read_text())
+    [shell] = bridge_calls(trajectory)
+    assert "written" in shell[1] and not shell[2], shell  # its own shell in the guest did the work
+    usage = json.loads((unit / "model_usage.json").read_text())  # the gateway's count: both calls came through
+    assert (usage["requests"], usage["errors"], usage["refused"]) == (2, 0, 0), usage
+    [server] = started
+    _no_secret_in(summary.run_dir, booted.token, server.key)
+
+
+FETCH = f"""
+import sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({{"http": {IN_UNIT_PROXY!r}}}))
+for url in sys.argv[1:]:
+    try:
+        with opener.open(url, timeout=60) as reply:
+            print(url, reply.status, reply.read().decode().strip())
+    except urllib.error.HTTPError as refused:
+        print(url, refused.code)
+"""
+FETCH_TASK = """
+import base64
+
+async def setup(sandbox):
+    script = base64.b64encode(FETCH.encode()).decode()
+    command = f"python3 -c \\"import base64; exec(base64.b64decode('{script}'))\\" {' '.join(URLS)}"
+    result = await sandbox.run(command, timeout=300)
+    fetched = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    if not fetched.get(URLS[0], "").startswith("200 hello from") or fetched.get(URLS[1]) != "403":
+        raise RuntimeError(f"fetched {fetched!r}; stderr {result.stderr!r}")
+
+
+async def evaluate(sandbox):
+    return 1.0
+"""
+
+
+@pytest.mark.engine
+def test_an_egress_policy_on_the_static_route_is_carried_through_the_guest_s_endpoint(
+    booted: Booted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route's policy, loaded with the experiment (no longer refused for a remote unit), opened by the runner
+    through the endpoint as for qemu: from inside the guest, 127.0.0.1:4011 reaches an allowed host of the fake
+    internet (a namespace on this host, where the unit's proxy runs) and is refused a denied one (the task's setup
+    checks both from inside, and fails otherwise); both attempts are in the unit's record."""
+    (tmp_path / "fake-internet").mkdir()
+    with fake_internet(["allowed.test", "other.test"], tmp_path / "fake-internet") as internet:
+        urls = ["http://allowed.test/", "http://other.test/"]
+        task = tmp_path / "fetch-both"
+        (task / "input").mkdir(parents=True)
+        (task / "reference").mkdir()
+        (task / "task.yaml").write_text("id: fetch-both\ninstruction: Nothing to do.\n")
+        (task / "main.py").write_text(f"FETCH = {FETCH!r}\nURLS = {urls!r}\n{FETCH_TASK}")
+        make_preset(tmp_path, "writer", "WriterAgent")
+        policy = {"allow": ["allowed.test"], "resolver": internet.dns}
+        spec = {
+            "name": "gce-egress",
+            "agents": ["writer.yaml"],
+            "tasks": ["fetch-both"],
+            "profile": str(_static_profile(tmp_path, booted, monkeypatch, egress=policy)),
+            "concurrency": 1,
+            "unit_timeout_s": 900,
+            "output_root": str(tmp_path / "runs"),
+        }
+        (tmp_path / "exp.yaml").write_text(json.dumps(spec))
+        summary = run_experiment(load_experiment(tmp_path / "exp.yaml"))
+
+    [outcome] = summary.outcomes
+    unit = summary.run_dir / outcome.unit_id
+    assert outcome.status == UnitStatus.SUCCEEDED, (outcome, (unit / "events.jsonl").read_text())
+    attempts = [json.loads(line) for line in (unit / "egress.jsonl").read_text().splitlines()]
+    assert [(a["host"], a["allowed"]) for a in attempts] == [("allowed.test", True), ("other.test", False)]
+    assert "no allow entry matches the name" in attempts[1]["reason"]
+    run = json.loads((unit / "run.json").read_text())
+    assert run["egress"]["policy"] == "proxy: allow allowed.test; ports 80, 443"
+    assert (run["egress"]["allowed"], run["egress"]["refused"]) == (1, 1)
+    _no_secret_in(summary.run_dir, booted.token)
