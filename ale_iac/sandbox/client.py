@@ -36,6 +36,9 @@ MULTI_CLICK_GAP_MS: Final = 40
 (xterm's ``multiClickTime``: 250 ms)."""
 XDOTOOL_BUTTONS: Final = {"left": 1, "middle": 2, "right": 3}
 NOT_FOUND_EXIT: Final = 127
+CLIPBOARD_SETTLE_S: Final = 5.0
+"""How long ``set_clipboard`` waits for the clipboard to hold the text it was given (see there)."""
+CLIPBOARD_POLL_S: Final = 0.02
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -179,7 +182,25 @@ class ComputerServerClient(PtyClient):
         return str(payload.get("content") or "")
 
     async def set_clipboard(self, text: str) -> None:
+        """Put ``text`` on the clipboard; returns once a read of the clipboard gives it back.
+
+        The server's ``set_clipboard`` (pyperclip, then ``xclip``) answers as soon as xclip's parent exits. xclip
+        asks for the selection before it forks, but that request is still in Xlib's output buffer: the child
+        flushes it later, from its event loop. A read in between sees the previous owner's text (seen: a write of
+        ``<hello>`` read back as ``''``). So the write is complete only when the clipboard reads back what was
+        written; an error after :data:`CLIPBOARD_SETTLE_S` without that."""
         await self._cmd("set_clipboard", {"text": text})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLIPBOARD_SETTLE_S
+        while (held := await self.get_clipboard()) != text:
+            if loop.time() > deadline:
+                raise ComputerServerError(
+                    self.endpoint,
+                    "set_clipboard",
+                    f"the clipboard does not hold the text written {CLIPBOARD_SETTLE_S:.0f} s later "
+                    f"(it holds {len(held)} characters, not {len(text)})",
+                )
+            await asyncio.sleep(CLIPBOARD_POLL_S)
 
     # -- screen ----------------------------------------------------------------------------------------------
 

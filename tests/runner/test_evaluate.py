@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,7 +278,20 @@ def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: 
     _assert_nothing_left(engine)
 
 
-def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
+@pytest.fixture
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp folder of the test's own (``TMPDIR``, here and for the runs it starts), short enough for the Unix
+    sockets made in it. gc sweeps a killed run's folders from the temp folder of whoever runs it, so in the
+    shared /tmp a gc of another test (on the other worker) may sweep this test's first, and this one's finds
+    nothing (seen)."""
+    folder = Path(tempfile.mkdtemp(prefix="ale-t-"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR anew
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path, private_tmp: Path) -> None:
     proc = _start_run(lab, ["sleepy"], ["answer"], repeats=2, concurrency=2, unit_timeout_s=600)
     _wait_for_agents(lab, 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -287,6 +302,7 @@ def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path) -> None:
     assert len(dry.destroyed) == 2 and len(engine.list_stacks()) == 2
     # The run's warm bridge process died with its group, leaving its socket's folder: gc removes it.
     assert dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True)
+    assert all(Path(folder).parent == private_tmp for folder in dry.warm_bridges_removed)
     report = collect(engine)
     assert sorted(report.destroyed) == sorted(dry.destroyed) and report.errors == []
     assert report.warm_bridges_removed == dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True) == []

@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from ale_iac.sandbox import client as client_module
 from ale_iac.sandbox.client import FILE_CHUNK_BYTES, ComputerServerClient
 from ale_iac.sandbox.keys import UnknownKeyError, normalize_key, normalize_keys
 from ale_iac.sandbox.protocol import ComputerServerError, ServerUnreachableError, ServerVersion, UnsupportedServerError
@@ -374,3 +375,28 @@ async def test_fake_server_only_reads_are_retried() -> None:
         with pytest.raises(ServerUnreachableError, match="run_command"):
             await c.run_command("rm -rf /tmp/once")
         assert calls == ["run_command"]
+
+
+async def test_fake_server_set_clipboard_returns_once_the_clipboard_holds_the_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """xclip's reply comes before its child owns the selection: the first reads still see the old text."""
+    reads: list[str] = []
+
+    def lagging(request: httpx.Request, stale_reads: int) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["command"] == "set_clipboard":
+            return reply({"success": True})
+        assert body["command"] == "copy_to_clipboard"
+        reads.append("stale" if len(reads) < stale_reads else "new")
+        return reply({"success": True, "content": "old text" if reads[-1] == "stale" else "<hello>"})
+
+    async with fake(lambda request: lagging(request, stale_reads=3)) as c:
+        await c.set_clipboard("<hello>")
+    assert reads == ["stale", "stale", "stale", "new"]
+
+    reads.clear()
+    monkeypatch.setattr(client_module, "CLIPBOARD_SETTLE_S", 0.2)
+    async with fake(lambda request: lagging(request, stale_reads=10**6)) as c:
+        with pytest.raises(ComputerServerError, match="the clipboard does not hold the text written"):
+            await c.set_clipboard("<hello>")
