@@ -48,6 +48,15 @@ def grouping(config: pytest.Config) -> bool:
     return bool(config.getoption("loadgroup", False)) or config.getoption("dist", "no") == "loadgroup"
 
 
+def shuffled(config: pytest.Config) -> bool:
+    """Whether pytest-random-order reorders this run (``--random-order``, a bucket or a seed given, as the plugin
+    itself decides): then the order it makes is the point, and the heavy groups are not put first."""
+    if not config.pluginmanager.hasplugin("random_order"):
+        return False
+    given = (str(config.getoption(name, "default:")) for name in ("random_order_bucket", "random_order_seed"))
+    return bool(config.getoption("random_order_enabled", False)) or any(not v.startswith("default:") for v in given)
+
+
 def _schedule_rank(item: pytest.Item) -> int:
     group = group_of(item)
     if group is None:
@@ -61,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not preconditions.markers_of(item):
             item.add_marker(pytest.mark.fast)
-    if grouping(config):
+    if grouping(config) and not shuffled(config):
         items.sort(key=_schedule_rank)  # stable: the same order on every worker, as xdist requires
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import HEAVY_GROUPS, group_of, grouping
+from tests.conftest import HEAVY_GROUPS, group_of, grouping, shuffled
 
 
 @pytest.mark.xdist_group("suite-scheduling")
@@ -23,6 +23,8 @@ def test_a_grouped_test_runs_in_its_group(request: pytest.FixtureRequest) -> Non
 def test_the_heavy_groups_are_collected_first(request: pytest.FixtureRequest) -> None:
     if not grouping(request.config):
         pytest.skip("not a --dist loadgroup run: collection keeps its order")
+    if shuffled(request.config):
+        pytest.skip("a shuffled run (pytest-random-order): its order is the point")
     ranks = [
         HEAVY_GROUPS.index(group) if (group := group_of(item)) in HEAVY_GROUPS else len(HEAVY_GROUPS)
         for item in request.session.items
