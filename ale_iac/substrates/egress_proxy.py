@@ -127,9 +127,10 @@ class BodilessResponse(HttpParser):
             self.body = None
             return more, rest
         self.state = httpParserStates.RCVING_BODY
-        wanted = int(self.header(b"content-length")) - self.body_received
+        length = int(self.header(b"content-length"))
+        wanted = length - self.body_received
         self.body_received += min(wanted, len(raw))
-        if self.body_received == int(self.header(b"content-length")):
+        if self.body_received == length:
             self.state = httpParserStates.COMPLETE
         return len(raw) > 0, raw[wanted:]
 

@@ -24,7 +24,6 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -37,6 +36,7 @@ from ale_iac.runner import evaluation
 from ale_iac.runner.evaluation import RunSummary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.model_plan import PlanServer
+from tests.support.runs import bridge_calls
 from tests.support.sandbox import Endpoint, run
 from tests.test_docs_models import dry_run_command
 
@@ -130,17 +130,6 @@ def engine() -> Iterator[Engine]:
     for stack in engine.list_stacks():
         if stack.name not in before:
             engine.destroy(stack.name)
-
-
-def bridge_calls(trajectory: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """(tool name, result text, is_error) of every tool call in a trajectory."""
-    calls = []
-    for step in trajectory["steps"]:
-        results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get("results", [])}
-        for call in step.get("tool_calls") or []:
-            result = results.get(call["tool_call_id"], {})
-            calls.append((call["function_name"], str(result.get("content", "")), bool(result.get("is_error"))))
-    return calls
 
 
 def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS
 from ale_iac.egress_policy import EgressPolicy
 from ale_iac.errors import AleIacError, ConfigError
 from ale_iac.profile import parse_profile
@@ -106,17 +105,7 @@ def test_a_remote_route_s_policy_is_carried_as_a_host_route_s() -> None:
 
 
 def test_a_unit_whose_endpoint_is_no_forwarder_is_refused_its_egress_naming_it_and_what_it_lacks() -> None:
-    handle = SandboxHandle(
-        stack="s",
-        unit="u0",
-        provider="static",
-        endpoint="http://127.0.0.1:9",
-        snapshot="s",
-        image="static",
-        resource_id="http://127.0.0.1:9",
-        paths=LINUX_DESKTOP_PATHS,
-        managed=False,
-    )
+    handle = SandboxHandle.for_endpoint("http://127.0.0.1:9").model_copy(update={"unit": "u0", "provider": "static"})
     with pytest.raises(AleIacError) as refused:
         asyncio.run(open_egress(handle, EgressPolicy(allow=["pypi.org"])))
     message = str(refused.value)

@@ -238,3 +238,14 @@ def grid(agents: int, tasks: int, repeats: int = 1, **fields: Any) -> list[Unit]
         for t in range(tasks)
         for r in range(repeats)
     ]
+
+
+def bridge_calls(trajectory: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(tool name, result text, is_error) of every tool call in a trajectory."""
+    calls = []
+    for step in trajectory["steps"]:
+        results = {r.get("source_call_id"): r for r in (step.get("observation") or {}).get("results", [])}
+        for call in step.get("tool_calls") or []:
+            result = results.get(call["tool_call_id"], {})
+            calls.append((call["function_name"], str(result.get("content", "")), bool(result.get("is_error"))))
+    return calls

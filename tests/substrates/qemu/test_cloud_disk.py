@@ -35,9 +35,9 @@ from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.egress import IN_UNIT_PROXY
 from ale_iac.substrates.qemu import cloud, cloud_boot
 from ale_iac.substrates.relay import unix_connector
-from tests.agents.test_cli_agents import bridge_calls
 from tests.support.channel import answering_socket
 from tests.support.fake_internet import fake_internet
+from tests.support.runs import bridge_calls
 from tests.support.tasks import make_preset
 
 REPO = Path(__file__).resolve().parents[3]
@@ -137,9 +137,7 @@ def test_the_scripted_agent_solves_a_demo_task_through_it(
     [outcome] = summary.outcomes
     assert outcome.status == UnitStatus.SUCCEEDED, outcome
     assert outcome.score == 1.0
-    for record in summary.run_dir.rglob("*"):
-        if record.is_file():
-            assert booted.token not in record.read_text(errors="replace"), record
+    _no_secret_in(summary.run_dir, booted.token)
 
 
 def test_the_reverse_model_channel_carries_a_call_from_the_guest_to_the_host(booted: Booted, tmp_path: Path) -> None:
