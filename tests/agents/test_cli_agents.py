@@ -81,9 +81,6 @@ PLANS = {
     ],
 }
 AGENTS = {"claude-code": "claude_code", "codex": "codex"}
-# Not on qemu: these machines have no KVM, and under TCG's default CPU Claude Code's native binary dies of
-# SIGILL and Codex gives up on the cua bridge's slow start (docs/agents.md). A case that cannot run here is
-# not in the suite: a skip in CI would test nothing.
 
 
 @pytest.fixture
@@ -184,6 +181,10 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tu
     [
         ("sandbox", "local"),
         pytest.param("sandbox", "docker", marks=pytest.mark.docker, id="sandbox-on-docker"),
+        # In the qemu group: one TCG guest pair at a time on this host's two cores.
+        pytest.param(
+            "sandbox", "qemu", marks=[pytest.mark.qemu, pytest.mark.xdist_group("qemu")], id="sandbox-on-qemu"
+        ),
         pytest.param("docker", "local", marks=pytest.mark.docker),
     ],
 )

@@ -84,11 +84,16 @@ set -- -name "$name" -accel "$accel" -m "$memory_mb" -smp "$vcpus" \
     -device virtio-rng-pci -device vmgenid,guid=auto \
     -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 groups=--clear-groups
+# Under TCG, QEMU's default CPU model (qemu64) lacks what today's binaries are built for (SSE4.2, AVX2, BMI2:
+# Claude Code's native binary dies of SIGILL on it); `max` offers every feature TCG emulates, as a cloud VM's
+# CPU would. The model is part of the saved state, which this script's hash keys (saved.py).
 if [ "$accel" = kvm ]; then
     set -- "$@" -cpu host
     kvm_gid=$(stat -c %g /dev/kvm) # /dev/kvm through its group, which must have rw on it (never root's)
     [ "$kvm_gid" != 0 ] || { echo "launch.sh: /dev/kvm belongs to group 0: give it a kvm group" >&2; exit 2; }
     groups="--groups=$kvm_gid"
+else
+    set -- "$@" -cpu max
 fi
 if [ -n "$incoming" ]; then
     exec 9<"$incoming"
