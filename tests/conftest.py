@@ -11,17 +11,20 @@
   is the fast lane.
 * Fixtures that start real sandboxes: ``tests/support/fixtures.py``. The rootless tests' normal user
   (``rootless_user``, ``tests/support/rootless.py``): one per worker session, shared by every module.
+* Units an earlier session left running (killed before its teardown) are collected at the start of the next
+  (``tests/support/leftovers.py``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import preconditions
+from tests.support import leftovers, preconditions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,10 +39,13 @@ then the tests of no group, each in collection order."""
 
 
 def group_of(item: pytest.Item) -> str | None:
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return None
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    """The test's xdist group as ``--dist loadgroup`` makes it: every ``xdist_group`` mark it has (its module's,
+    its class's, its own, its parameter's), their names sorted and joined with ``_`` (``xdist/remote.py``)."""
+    names = {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for mark in item.iter_markers("xdist_group")
+    }
+    return "_".join(sorted(names)) if names else None
 
 
 def grouping(config: pytest.Config) -> bool:
@@ -62,6 +68,20 @@ def _schedule_rank(item: pytest.Item) -> int:
     if group is None:
         return len(HEAVY_GROUPS) + 1
     return HEAVY_GROUPS.index(group) if group in HEAVY_GROUPS else len(HEAVY_GROUPS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before pytest makes this session's temporary folder (and deletes the oldest): the units an earlier
+    session left running, collected with ``ale-iac gc`` while their records are still there
+    (``tests/support/leftovers.py``). Once per run: on the xdist controller, or the one process."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    basetemp = config.getoption("basetemp", None)
+    swept = leftovers.sweep_session(Path(basetemp)) if basetemp else leftovers.sweep_earlier_sessions()
+    for home, report in swept.items():
+        print(f"[tests] an earlier session left units in {home}; ale-iac gc: {report}", file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)

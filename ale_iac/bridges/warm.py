@@ -52,8 +52,24 @@ _EXIT = struct.Struct("!i")
 _LENGTH = struct.Struct("!I")
 MAX_REQUEST = 1 << 20
 ENTRY = "ale_iac"
-"""``python -m ale_iac``: what a forked bridge runs (the ``ale-iac`` command, ``ale_iac.cli.main``)."""
+"""``python -m ale_iac``: what a forked bridge runs on this host (the ``ale-iac`` command, ``ale_iac.cli.main``;
+its argv ``mcp vm|cua ...``)."""
 ENTRY_CLI = "ale_iac.cli"
+ENTRY_BRIDGES = "ale_iac.bridges"
+"""``python -m ale_iac.bridges``: what a forked bridge runs inside a sandbox or an agent's container, where only the
+runtime bundle is (no CLI; its argv ``vm|cua ...``)."""
+ENTRIES: dict[str, tuple[str, ...]] = {
+    ENTRY: ("ale_iac.bridges.vm", "ale_iac.bridges.cua", ENTRY_CLI, f"{ENTRY_CLI}.mcp"),
+    ENTRY_BRIDGES: ("ale_iac.bridges.vm", "ale_iac.bridges.cua", "ale_iac.bridges.serve"),
+}
+"""Each entry a warm process may run, with what a bridge of it spends its start on (imported once, ahead)."""
+
+
+def is_bridge_request(entry: str, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` starts a bridge of ``entry`` (the only thing a warm process forks)."""
+    if entry == ENTRY:
+        return len(argv) >= 2 and argv[0] == "mcp" and argv[1] in KINDS
+    return entry == ENTRY_BRIDGES and len(argv) >= 1 and argv[0] in KINDS
 
 
 FOLDER_PREFIX = "ale-iac-bridges-"
@@ -62,7 +78,16 @@ FOLDER_PREFIX = "ale-iac-bridges-"
 class WarmBridges:
     """The run's warm bridge process: :meth:`start` it, put :attr:`env` in the agents' environment, :meth:`close`."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, entry: str = ENTRY, python: Sequence[str] = (sys.executable,), env: dict[str, str] | None = None
+    ) -> None:
+        """``entry``: what the forked bridges run (:data:`ENTRIES`); ``python`` and ``env``: the interpreter and
+        environment the bridges themselves would be started with (default: this one's)."""
+        if entry not in ENTRIES:
+            raise ValueError(f"no warm entry {entry!r} (one of {', '.join(ENTRIES)})")
+        self.entry = entry
+        self._python = list(python)
+        self._env = env
         # 0700, named with the owner's pid: gc must not take the folder of a run that is still starting its
         # warm process (no socket yet) for one that a SIGKILL left behind.
         self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
@@ -77,14 +102,23 @@ class WarmBridges:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the warm process; with ``wait``, return once it has imported the bridges. Without, at once:
+        its socket listens before it imports, so a bridge asked for meanwhile is forked when the imports are
+        done (sooner than a bridge that imports for itself beside them)."""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(self.socket_path)],
+            [*self._python, "-m", __name__, "--entry", self.entry, str(self.socket_path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            env=self._env,
         )
-        assert self._proc.stdout is not None
+        if wait:
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Block until the warm process has imported the bridges (or fail, and stop it)."""
+        assert self._proc is not None and self._proc.stdout is not None
         ready, _, _ = select.select([self._proc.stdout], [], [], START_TIMEOUT_S)
         line = self._proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
@@ -108,10 +142,10 @@ class WarmBridges:
 # --- the forwarder (``ale-iac mcp`` with ALE_IAC_WARM_BRIDGES set) ----------------------------------------
 
 
-def forward(socket_path: str, argv: Sequence[str]) -> int | None:
-    """Have the warm process run ``ale-iac <argv>`` on this process's stdio; its exit code, or None when
-    there is no warm process to ask (the caller then runs the bridge itself)."""
-    if len(argv) < 2 or argv[0] != "mcp" or argv[1] not in KINDS:
+def forward(socket_path: str, argv: Sequence[str], entry: str = ENTRY) -> int | None:
+    """Have the warm process run ``python -m <entry> <argv>`` on this process's stdio; its exit code, or None
+    when there is no warm process to ask (the caller then runs the bridge itself)."""
+    if not is_bridge_request(entry, argv):
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -134,16 +168,12 @@ def forward(socket_path: str, argv: Sequence[str]) -> int | None:
 # --- the warm process ----------------------------------------------------------------------------------
 
 
-def serve(socket_path: str) -> None:
-    """Import the bridges, then fork one per request until standard input closes. One thread throughout."""
+def serve(socket_path: str, entry: str = ENTRY) -> None:
+    """Listen, import the bridges, then fork one per request until standard input closes. One thread
+    throughout. The socket listens first: a request made while the imports run waits in its backlog."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)  # the run's ^C is for the run; it closes our stdin
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked bridges are reaped by the kernel
-
-    # What a bridge spends its start on, imported once here. The command line (``ale_iac.cli``) is loaded
-    # by name, as ``python -m ale_iac`` loads it: this process is that command, started ahead of time.
-    for module in ("ale_iac.bridges.vm", "ale_iac.bridges.cua", ENTRY_CLI, f"{ENTRY_CLI}.mcp"):
-        importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
@@ -152,6 +182,10 @@ def serve(socket_path: str) -> None:
     finally:
         os.umask(old_umask)
     listener.listen(64)
+    # What a bridge spends its start on, imported once here. The command line (``ale_iac.cli``) is loaded
+    # by name, as ``python -m ale_iac`` loads it: this process is that command, started ahead of time.
+    for module in ENTRIES[entry]:
+        importlib.import_module(module)
     os.write(1, b"ready\n")
     try:
         while True:
@@ -161,7 +195,7 @@ def serve(socket_path: str) -> None:
             if listener.fileno() in readable:
                 conn, _ = listener.accept()
                 with conn:
-                    _fork_bridge(listener, conn)
+                    _fork_bridge(listener, conn, entry)
     finally:
         _remove_folder(Path(socket_path))  # also when the run died without closing us
 
@@ -211,7 +245,7 @@ def _peer_uid(conn: socket.socket) -> int:
     return int(uid)
 
 
-def _fork_bridge(listener: socket.socket, conn: socket.socket) -> None:
+def _fork_bridge(listener: socket.socket, conn: socket.socket, entry: str) -> None:
     if _peer_uid(conn) != os.getuid():
         return
     try:
@@ -227,7 +261,7 @@ def _fork_bridge(listener: socket.socket, conn: socket.socket) -> None:
             payload += chunk
         request = json.loads(payload)
         argv = [str(a) for a in request["argv"]]
-        if len(fds) != 3 or len(argv) < 2 or argv[0] != "mcp" or argv[1] not in KINDS:
+        if len(fds) != 3 or not is_bridge_request(entry, argv):
             raise ValueError("not a bridge request")
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return
@@ -237,13 +271,14 @@ def _fork_bridge(listener: socket.socket, conn: socket.socket) -> None:
         pid = -1
     if pid == 0:
         listener.close()
-        _run_bridge(conn, fds, argv, request)  # never returns
+        _run_bridge(conn, fds, argv, request, entry)  # never returns
     for fd in fds:
         os.close(fd)
 
 
-def _run_bridge(conn: socket.socket, fds: list[int], argv: list[str], request: dict[str, Any]) -> None:
-    """In the forked child: become ``ale-iac <argv>`` on the requester's stdio; report its exit code."""
+def _run_bridge(conn: socket.socket, fds: list[int], argv: list[str], request: dict[str, Any], entry: str) -> None:
+    """In the forked child: become ``python -m <entry> <argv>`` on the requester's stdio; report its exit
+    code."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -258,9 +293,9 @@ def _run_bridge(conn: socket.socket, fds: list[int], argv: list[str], request: d
         with contextlib.suppress(OSError):
             os.chdir(str(request["cwd"]))
         threading.Thread(target=_die_with_forwarder, args=(conn,), daemon=True).start()
-        sys.argv = ["ale-iac", *argv]
+        sys.argv = ["ale-iac" if entry == ENTRY else f"python -m {entry}", *argv]
         try:
-            runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)  # ``python -m ale_iac``
+            runpy.run_module(entry, run_name="__main__", alter_sys=True)  # ``python -m <entry>``
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -282,5 +317,5 @@ def _die_with_forwarder(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if __name__ == "__main__":
-    serve(sys.argv[1])
+if __name__ == "__main__":  # python -m ale_iac.bridges.warm --entry ENTRY SOCKET
+    serve(sys.argv[3], sys.argv[2])

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind, TaskPaths
 from ale_iac.agent_sdk.deployer import load_deployer_class
 from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess
+from ale_iac.bridges.warm import ENTRY_BRIDGES, WarmBridges
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV, UnitOutputs
 from ale_iac.errors import ConfigError
 from ale_iac.executors.local import LocalExecutor
@@ -211,9 +212,38 @@ def _redactor(values: list[str]) -> Any:
     return redact
 
 
+def _start_warm_bridges(spec: dict[str, Any]) -> WarmBridges | None:
+    """A warm bridge process for the bundle's bridges (``python -m ale_iac.bridges``), started at once and not
+    waited for: it imports the bridges while the deployer and its CLI start, once for both bridges, and the
+    bridges the CLI asks for are forked from it (``ale_iac/bridges/warm.py``). Their launches are told where it
+    listens. None where no bridge is the bundle's, or it cannot start (then each bridge imports for itself)."""
+    launches = [b for b in (spec.get("bridges") or {}).values() if list(b["args"][:2]) == ["-m", ENTRY_BRIDGES]]
+    if not launches:
+        return None
+    first = launches[0]
+    warm = WarmBridges(ENTRY_BRIDGES, python=[first["command"]], env={**os.environ, **first["env"]})
+    try:
+        warm.start(wait=False)
+    except OSError:
+        warm.close()
+        return None
+    for launch in launches:
+        launch["env"] = {**launch["env"], **warm.env}
+    return warm
+
+
 async def run(spec: dict[str, Any], work_dir: Path) -> AgentRunResult:
     secrets_path = Path(spec.get("secrets_file") or work_dir / SECRETS_FILE)
     secrets = _read_secrets(secrets_path, list(spec.get("secret_env") or []))
+    warm = _start_warm_bridges(spec)  # after the secrets left the environment: it inherits what remains
+    try:
+        return await _run(spec, work_dir, secrets)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+async def _run(spec: dict[str, Any], work_dir: Path, secrets: dict[str, str]) -> AgentRunResult:
     own = {MODEL_TOKEN_SECRET, ENDPOINT_TOKEN_ENV}
     _start_relays(list(spec.get("relays") or []))
     config = AgentConfig.model_validate(spec["config"])

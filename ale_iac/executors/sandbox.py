@@ -5,8 +5,10 @@ Everything goes through the sandbox's computer-server (the one transport every s
 1. **Stage**, each at most once per sandbox (a ``.complete`` marker; a pool sandbox keeps them):
    the runtime bundle for the sandbox's Python (``executors.bundle``), and each agent CLI the
    deployer declares, carried in from this host's npm install (``ale_iac.agent_sdk.clis``) as a
-   compressed archive. Per unit: the preset folder, the spec, and the unit's gateway token in a
-   0600 secrets file the entry deletes on reading.
+   compressed archive, which the unit unpacks. The archive goes through the unit's bulk transport where it
+   has one that reaches there (a qemu guest's share: a file copy on this host, instead of a hundred megabytes
+   of base64 through an emulated guest's computer-server), else the endpoint's file writes. Per unit: the
+   preset folder, the spec, and the unit's gateway token in a 0600 secrets file the entry deletes on reading.
 2. **Start** ``python -m ale_iac.executors.entry`` detached, in a session of its own (``setsid``);
    its session id is recorded in ``_pid``.
 3. **Follow** it: poll for ``_done``, and copy the work dir back into the unit's record while it
@@ -44,12 +46,14 @@ from typing import ClassVar
 
 from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind
 from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess, ProcessResult, Runnable
+from ale_iac.contract import UnitOutputs
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.executors import entry
 from ale_iac.executors.bundle import Bundle, ensure_bundle
 from ale_iac.executors.workdir import HostWorkDir
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.protocol import ComputerServerError
+from ale_iac.sandbox.transport import bulk_transport
 from ale_iac.substrates import registry
 from ale_iac.substrates.channel import ModelChannel
 from ale_iac.substrates.relay import unix_connector
@@ -171,11 +175,12 @@ class SandboxExecutor(HostWorkDir):
         self._bundle: Bundle = await asyncio.to_thread(ensure_bundle, version)
         runtime = self._base / ".runtime"
         for folder in (self._bundle.deps, self._bundle.src):
-            await ship_folder(client, folder, str(runtime / folder.name))
+            await ship_folder(client, folder, str(runtime / folder.name), unit=self.sandbox)
         for name, install in self.clis.items():
             from ale_iac.agent_sdk.clis import archive
 
-            await ship_archive(client, await asyncio.to_thread(archive, install), str(self._cli_dir(name)))
+            cli_archive = await asyncio.to_thread(archive, install)
+            await ship_archive(client, cli_archive, str(self._cli_dir(name)), self.sandbox)
         work = self.remote_work_dir
         await _check(client, f"mkdir -p {shell_quote(work)} && chmod 700 {shell_quote(work)}")
         if self.config.source_dir:
@@ -346,11 +351,18 @@ def _no_pycache(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in info.name.split("/") else info
 
 
-async def ship_folder(client: ComputerServerClient, folder: Path, remote: str, *, cache: bool = True) -> None:
+async def ship_folder(
+    client: ComputerServerClient,
+    folder: Path,
+    remote: str,
+    *,
+    cache: bool = True,
+    unit: UnitOutputs | None = None,
+) -> None:
     """Copy a host folder to ``remote`` in the sandbox as one archive; with ``cache``, only if it is
     not there yet (the folder's name is its content's identity)."""
     if cache:
-        await ship_archive(client, await asyncio.to_thread(folder_archive, folder), remote)
+        await ship_archive(client, await asyncio.to_thread(folder_archive, folder), remote, unit)
         return
     data = await asyncio.to_thread(_tar_gz, folder)
     part = f"{remote}.{secrets.token_hex(4)}.tar.gz"
@@ -367,23 +379,43 @@ def _tar_gz(folder: Path) -> bytes:
     return buffer.getvalue()
 
 
-async def ship_archive(client: ComputerServerClient, archive: Path, remote: str) -> None:
-    """Unpack a host ``.tar.gz`` at ``remote`` in the sandbox, unless an earlier copy completed there."""
+async def ship_archive(
+    client: ComputerServerClient, archive: Path, remote: str, unit: UnitOutputs | None = None
+) -> None:
+    """Unpack a host ``.tar.gz`` at ``remote`` in the sandbox, unless an earlier copy completed there. The
+    archive itself goes through ``unit``'s bulk transport when it has one that reaches there."""
     if await client.file_exists(f"{remote}/.complete"):
         return
-    part = f"{remote}.{secrets.token_hex(4)}.tar.gz"
     await _check(client, f"mkdir -p {shell_quote(str(PurePosixPath(remote).parent))}")
-    with archive.open("rb") as source:
-        first = True
-        while block := await asyncio.to_thread(source.read, UPLOAD_BLOCK):
-            await client.write_bytes(part, block, append=not first)
-            first = False
+    drop = f"{remote}.{secrets.token_hex(4)}.in"
+    transport = bulk_transport(unit, drop) if unit is not None else None
+    if unit is not None and transport is not None:
+        part = f"{drop}/{archive.name}"
+        with tempfile.TemporaryDirectory(prefix=".ship-", dir=archive.parent) as folder:
+            await asyncio.to_thread(_link_or_copy, archive, Path(folder) / archive.name)
+            await transport.upload(unit, client, Path(folder), drop)
+    else:
+        part = f"{drop}/archive.tar.gz"
+        await _check(client, f"mkdir -p {_q(drop)}")
+        with archive.open("rb") as source:
+            first = True
+            while block := await asyncio.to_thread(source.read, UPLOAD_BLOCK):
+                await client.write_bytes(part, block, append=not first)
+                first = False
     tmp = f"{remote}.{secrets.token_hex(4)}.tmp"
     await _check(
         client,
-        f"mkdir -p {_q(tmp)} && tar -xzf {_q(part)} -C {_q(tmp)} && rm -f {_q(part)} && touch {_q(tmp)}/.complete"
+        f"mkdir -p {_q(tmp)} && tar -xzf {_q(part)} -C {_q(tmp)} && rm -rf {_q(drop)} && touch {_q(tmp)}/.complete"
         f" && rm -rf {_q(remote)} && mv {_q(tmp)} {_q(remote)}",
     )
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """A hard link where both are on one file system (the archive is never written again), else a copy."""
+    try:
+        dest.hardlink_to(source)
+    except OSError:
+        shutil.copyfile(source, dest)
 
 
 class _Mirror:

@@ -38,15 +38,13 @@ from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.model_plan import PlanServer
 from tests.support.runs import bridge_calls
 from tests.support.sandbox import Endpoint, run
+from tests.support.tasks import TCG_TASK_TIMEOUT_S, with_timeout
 from tests.test_docs_models import dry_run_command
 
-pytestmark = [
-    pytest.mark.sandbox,
-    pytest.mark.engine,
-    pytest.mark.agent_clis,
-    pytest.mark.xdist_group("real-cli-agents"),
-    pytest.mark.timeout(600),
-]
+pytestmark = [pytest.mark.sandbox, pytest.mark.engine, pytest.mark.agent_clis, pytest.mark.timeout(600)]
+# The xdist group per case, not per module: xdist joins every group mark a test has into one group, and the qemu
+# case belongs to the qemu group alone (one TCG guest pair at a time on this host's two cores).
+REAL_CLIS = pytest.mark.xdist_group("real-cli-agents")
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = REPO / "examples" / "tasks" / "cli-log-stats"
@@ -148,7 +146,7 @@ def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> N
 def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tuple[RunSummary, dict[str, int], str]:
     """docs/models.md's dry run as printed (the shipped presets, ``--model-plan``, no key in the environment)
     on ``profile``, retaining the sandboxes; the served totals from the run's scripted model server, and its
-    throwaway key."""
+    throwaway key. On ``qemu`` (TCG here) the task's limit is raised (``with_timeout``), nothing else."""
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     started: list[PlanServer] = []
@@ -165,6 +163,9 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tu
         "cleanup": "retain",
         "profile": profile,
     }
+    if profile == "qemu":
+        overrides["tasks"] = [str(with_timeout(TASK, tmp_path))]
+        overrides["unit_timeout_s"] = TCG_TASK_TIMEOUT_S
     experiment = load_experiment(REPO / argv[1], {**overrides, "output_root": str(tmp_path / "runs")})
     summary = run_experiment(experiment)
     log = (summary.run_dir / "model_server.log").read_text()
@@ -179,13 +180,12 @@ def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tu
 @pytest.mark.parametrize(
     ("executor", "profile"),
     [
-        ("sandbox", "local"),
-        pytest.param("sandbox", "docker", marks=pytest.mark.docker, id="sandbox-on-docker"),
-        # In the qemu group: one TCG guest pair at a time on this host's two cores.
+        pytest.param("sandbox", "local", marks=REAL_CLIS),
+        pytest.param("sandbox", "docker", marks=[pytest.mark.docker, REAL_CLIS], id="sandbox-on-docker"),
         pytest.param(
             "sandbox", "qemu", marks=[pytest.mark.qemu, pytest.mark.xdist_group("qemu")], id="sandbox-on-qemu"
         ),
-        pytest.param("docker", "local", marks=pytest.mark.docker),
+        pytest.param("docker", "local", marks=[pytest.mark.docker, REAL_CLIS]),
     ],
 )
 def test_real_clis_solve_a_task_through_the_gateway(
@@ -236,6 +236,7 @@ def test_real_clis_solve_a_task_through_the_gateway(
     assert_key_nowhere(model_key, summary.run_dir, handles)
 
 
+@REAL_CLIS
 @pytest.mark.parametrize("cleanup", ["retain-on-failure", "destroy"])
 def test_a_unit_timeout_kills_the_in_sandbox_agent(
     cleanup: str, tmp_path: Path, model_key: str, engine: Engine

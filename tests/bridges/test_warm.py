@@ -1,4 +1,5 @@
-"""Warm bridges: ``ale-iac mcp vm`` forked by a process that imported the bridges once, driven by the real
+"""Warm bridges: ``ale-iac mcp vm`` (this host's runs) and ``python -m ale_iac.bridges vm`` (the runtime bundle's,
+inside a sandbox or an agent's container) forked by a process that imported the bridges once, driven by the real
 MCP client over the forwarder's own stdio; a killed forwarder takes its bridge along."""
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from ale_iac.bridges.warm import WARM_ENV, WarmBridges, sweep_stale
+from ale_iac.bridges.warm import ENTRY, ENTRY_BRIDGES, WARM_ENV, WarmBridges, sweep_stale
 from tests.support.sandbox import Endpoint
 
 pytestmark = pytest.mark.sandbox
 
 
-@pytest.fixture
-def warm() -> Iterator[WarmBridges]:
-    with WarmBridges() as bridges:
+BRIDGE_ARGV = {ENTRY: ["-m", "ale_iac", "mcp", "vm"], ENTRY_BRIDGES: ["-m", "ale_iac.bridges", "vm"]}
+"""How each entry's bridge is started (the forwarder's command line)."""
+
+
+@pytest.fixture(params=[ENTRY, ENTRY_BRIDGES])
+def warm(request: pytest.FixtureRequest) -> Iterator[WarmBridges]:
+    with WarmBridges(request.param) as bridges:
         yield bridges
     assert not bridges.socket_path.parent.exists()
 
@@ -42,10 +47,12 @@ def _wait_for(check: Callable[[], bool], what: str, limit_s: float = 60.0) -> No
         time.sleep(0.05)
 
 
-def _session(endpoint: Endpoint, env: dict[str, str], during: Callable[[], None] = lambda: None) -> str:
+def _session(
+    endpoint: Endpoint, env: dict[str, str], during: Callable[[], None] = lambda: None, entry: str = ENTRY
+) -> str:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "ale_iac", "mcp", "vm", "--endpoint", endpoint.url],
+        args=[*BRIDGE_ARGV[entry], "--endpoint", endpoint.url],
         env={**os.environ, **endpoint.bridge_env(), **env},
     )
 
@@ -71,7 +78,7 @@ def test_the_real_client_drives_a_warm_bridge(computer_server_endpoint: Endpoint
         assert "ale_iac.bridges.warm" in " ".join(children[0].cmdline())  # forked, not exec'd anew
         seen.append(children[0].pid)
 
-    text = _session(computer_server_endpoint, warm.env, one_forked_bridge_serves)
+    text = _session(computer_server_endpoint, warm.env, one_forked_bridge_serves, warm.entry)
     assert text == "exit_code: 0\nstdout:\nwarm-42\n"
     # The client closed the bridge's stdin: the forked bridge ended, and told its forwarder how.
     # Reaped, not only dead: the server ignores SIGCHLD, so the kernel releases the child itself, but a child
@@ -82,7 +89,7 @@ def test_the_real_client_drives_a_warm_bridge(computer_server_endpoint: Endpoint
 
 def test_killing_the_forwarder_ends_its_bridge(computer_server_endpoint: Endpoint, warm: WarmBridges) -> None:
     forwarder = subprocess.Popen(
-        [sys.executable, "-m", "ale_iac", "mcp", "vm", "--endpoint", computer_server_endpoint.url],
+        [sys.executable, *BRIDGE_ARGV[warm.entry], "--endpoint", computer_server_endpoint.url],
         env={**os.environ, **computer_server_endpoint.bridge_env(), **warm.env},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -99,9 +106,33 @@ def test_killing_the_forwarder_ends_its_bridge(computer_server_endpoint: Endpoin
             forwarder.wait()
 
 
-def test_without_a_warm_process_the_bridge_runs_itself(computer_server_endpoint: Endpoint, tmp_path: Path) -> None:
-    text = _session(computer_server_endpoint, {WARM_ENV: str(tmp_path / "no-such.sock")})
+@pytest.mark.parametrize("entry", [ENTRY, ENTRY_BRIDGES])
+def test_without_a_warm_process_the_bridge_runs_itself(
+    computer_server_endpoint: Endpoint, tmp_path: Path, entry: str
+) -> None:
+    text = _session(computer_server_endpoint, {WARM_ENV: str(tmp_path / "no-such.sock")}, entry=entry)
     assert text == "exit_code: 0\nstdout:\nwarm-42\n"
+
+
+def test_a_bridge_asked_for_while_the_warm_process_imports_is_forked_by_it(
+    computer_server_endpoint: Endpoint,
+) -> None:
+    """The agent's entry does not wait for its warm process (``start(wait=False)``): the socket listens before
+    the imports, so a bridge asked for meanwhile waits in the backlog and is forked, not started anew."""
+    warm = WarmBridges(ENTRY_BRIDGES)
+    warm.start(wait=False)
+    try:
+        _wait_for(warm.socket_path.exists, "the warm process's socket")
+        forked: list[bool] = []
+
+        def check() -> None:
+            forked.extend("ale_iac.bridges.warm" in " ".join(c.cmdline()) for c in _forked(warm))
+
+        text = _session(computer_server_endpoint, warm.env, check, ENTRY_BRIDGES)
+        assert text == "exit_code: 0\nstdout:\nwarm-42\n"
+        assert forked == [True]
+    finally:
+        warm.close()
 
 
 def test_the_warm_process_forks_only_bridges(warm: WarmBridges) -> None:

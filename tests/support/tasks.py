@@ -6,6 +6,8 @@ name the misbehaving deployers of ``tests/support/agents.py``.
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 TASK_MAIN = """
@@ -37,3 +39,21 @@ def make_task(root: Path, task_id: str, fail_setup: bool = False) -> None:
 def make_preset(root: Path, name: str, cls: str, extra: str = "") -> None:
     """``root/name.yaml``: a preset for the deployer class ``cls`` of ``tests/support/agents.py``."""
     (root / f"{name}.yaml").write_text(f"name: {name}\ndeployer: tests.support.agents:{cls}\n{extra}")
+
+
+TCG_TASK_TIMEOUT_S = 1200
+"""A demo task's limit for an agent in a guest under TCG. The demo tasks' own (120 s) is for a host that runs its
+guest natively; under software emulation the staging (the runtime and a CLI, about 250 MB, unpacked by the guest)
+and the CLI's start alone take minutes, and the limit covers them (docs/agents.md)."""
+
+
+def with_timeout(task: Path, root: Path, timeout_s: int = TCG_TASK_TIMEOUT_S) -> Path:
+    """A copy of the task folder ``task`` under ``root`` whose card gives the agent ``timeout_s``."""
+    copy = root / task.name
+    shutil.copytree(task, copy)
+    card = copy / "task.yaml"
+    text = card.read_text()
+    raised = re.sub(r"^timeout_s: \d+$", f"timeout_s: {timeout_s}", text, count=1, flags=re.M)
+    assert raised != text, f"{card} sets no timeout_s"
+    card.write_text(raised)
+    return copy

@@ -14,7 +14,6 @@ import asyncio
 import json
 import secrets
 import shlex
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from ale_iac.substrates.relay import unix_connector
 from tests.support.channel import answering_socket
 from tests.support.fake_internet import fake_internet
 from tests.support.runs import bridge_calls
-from tests.support.tasks import make_preset
+from tests.support.tasks import TCG_TASK_TIMEOUT_S, make_preset, with_timeout
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT_DEADLINE_S = 900.0
@@ -209,12 +208,7 @@ def test_claude_code_solves_a_demo_task_in_the_guest_through_the_reverse_model_c
             started.append(self)
 
     monkeypatch.setattr(evaluation, "PlanServer", Recorded)
-    # The demo task's own limit (120 s) is for a host that runs its guest natively; under TCG the staging alone (the
-    # runtime and the CLI, 250 MB, unpacked by the guest) takes minutes, and the limit covers it.
-    task = tmp_path / "cli-log-stats"
-    shutil.copytree(REPO / "examples" / "tasks" / "cli-log-stats", task)
-    card = task / "task.yaml"
-    card.write_text(card.read_text().replace("timeout_s: 120\n", "timeout_s: 1200\n"))
+    task = with_timeout(REPO / "examples" / "tasks" / "cli-log-stats", tmp_path)  # TCG: minutes to stage and start
     # The shipped plan without its screenshot: under TCG the in-guest cua bridge's Python start can take longer than
     # the 60 s Claude Code waits for an MCP server (docs/agents.md), and the channel is what this test is about.
     plan = yaml.safe_load((REPO / "examples" / "plans" / "cli-log-stats.yaml").read_text())
@@ -229,7 +223,7 @@ def test_claude_code_solves_a_demo_task_in_the_guest_through_the_reverse_model_c
         "profile": str(_static_profile(tmp_path, booted, monkeypatch)),
         "model_plan": str(tmp_path / "plan.yaml"),
         "concurrency": 1,
-        "unit_timeout_s": 1200,
+        "unit_timeout_s": TCG_TASK_TIMEOUT_S,
         "output_root": str(tmp_path / "runs"),
     }
     path = tmp_path / "exp.yaml"
