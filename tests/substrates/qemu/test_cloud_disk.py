@@ -210,7 +210,7 @@ def test_claude_code_solves_a_demo_task_in_the_guest_through_the_reverse_model_c
     monkeypatch.setattr(evaluation, "PlanServer", Recorded)
     task = with_timeout(REPO / "examples" / "tasks" / "cli-log-stats", tmp_path)  # TCG: minutes to stage and start
     # The shipped plan without its screenshot: the channel is what this test is about (the qemu dry run of
-    # tests/agents/test_cli_agents.py drives the cua bridge in a TCG guest), and a screenshot costs a minute here.
+    # tests/agents/test_cli_agents.py drives the cua bridge in a TCG guest).
     plan = yaml.safe_load((REPO / "examples" / "plans" / "cli-log-stats.yaml").read_text())
     turns = plan["scripts"][0]["turns"]
     plan["scripts"][0]["turns"] = [t for t in turns if t.get("tool") != "mcp:cua.screenshot"]
