@@ -22,13 +22,13 @@ import json
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ale_iac.contract import UnitOutputs
 from ale_iac.engine import Engine, read_unit_handle
 from ale_iac.llm.plan import Plan, load_plan
 from ale_iac.llm.scripted import ScriptedModelServer
@@ -127,20 +127,60 @@ def engine() -> Iterator[Engine]:
             engine.destroy(stack.name)
 
 
-def assert_key_nowhere(key: str, run_dir: Path, handles: list[UnitOutputs]) -> None:
+# Every file of the unit changed since ``$since`` (its inode's ctime: set by the kernel on every write, rename or
+# chmod, and by nothing user space can ask for), then every process's environment. The key was made for this run,
+# so it can only be in a file written since the run began: the image's untouched files (gigabytes) need no reading.
+# ``$since`` is this host's clock at the run's start where the unit shares it (local, docker); in a guest, the
+# guest's own boot time (``btime``; its clock only moves on from there, and the image's files were all written
+# before it booted, its saved state included).
+KEY_SEARCH = (
+    "find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -newerct @$since -print0 2>/dev/null"
+    ' | xargs -0 -r grep -lF -- "$k" 2>/dev/null; grep -lF -- "$k" /proc/[0-9]*/environ 2>/dev/null; true'
+)
+
+
+def assert_key_nowhere(key: str, run_dir: Path, units: list[Endpoint], since: float | None) -> None:
+    """The key in no file of the run's record, and in no file nor process environment of its units: files
+    changed since ``since`` (this host's clock), or since the unit's boot where it keeps a clock of its own
+    (``since`` None)."""
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), f"the API key is in {path}"
     half = len(key) // 2
-    for handle in handles:
+    start = str(int(since) - 1) if since is not None else "$(awk '/^btime/ {print $2}' /proc/stat)"
+    for unit in units:
         search = run(
-            Endpoint(handle.endpoint, handle.token()),
-            f'k={key[:half]}{key[half:]}; grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -- "$k" / '
-            '2>/dev/null; grep -lF -- "$k" /proc/[0-9]*/environ 2>/dev/null; true',
-            # It reads the whole image (gigabytes): on a loaded host that takes minutes, not the usual 60 s.
+            unit,
+            f"k={key[:half]}{key[half:]}; since={start}; {KEY_SEARCH}",
+            # A unit under TCG reads its files slowly: on a loaded host that can take minutes, not the usual 60 s.
             http_timeout=600,
         )
         assert search["stdout"] == "", f"the API key is in the sandbox: {search['stdout']}"
+
+
+@pytest.mark.parametrize("clock", ["host", "boot"])
+def test_the_key_search_finds_a_key_written_since_the_start(
+    computer_server_endpoint: Endpoint, tmp_path: Path, clock: str
+) -> None:
+    """What ``assert_key_nowhere`` relies on: a file written after ``since`` (on disk and on a tmpfs) and a
+    process's environment are found, by either clock."""
+    key = "sk-test-" + secrets.token_urlsafe(24)
+    since = time.time() if clock == "host" else None
+    record = tmp_path / "record"
+    record.mkdir()
+    seeded = run(
+        computer_server_endpoint,
+        f"mkdir -p /root/.keytest && echo {key} > /root/.keytest/disk && echo {key} > /tmp/keytest-tmpfs && "
+        f"(K={key} sleep 60 >/dev/null 2>&1 &) && echo ok",
+    )
+    assert seeded["stdout"].strip() == "ok", seeded
+    try:
+        with pytest.raises(AssertionError) as found:
+            assert_key_nowhere(key, record, [computer_server_endpoint], since)
+        for where in ("/root/.keytest/disk", "/tmp/keytest-tmpfs", "/environ"):
+            assert where in str(found.value), found.value
+    finally:
+        run(computer_server_endpoint, "rm -rf /root/.keytest /tmp/keytest-tmpfs; pkill -f 'sleep 60' ; true")
 
 
 def dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> tuple[RunSummary, dict[str, int], str]:
@@ -193,6 +233,7 @@ def test_real_clis_solve_a_task_through_the_gateway(
 ) -> None:
     """In the sandbox: the docs' dry run (``--model-plan``) exactly, on each substrate; in a container: the
     presets pointed at a scripted model server of the test's own, with a key of its own."""
+    began = time.time()
     if executor == "sandbox":
         summary, served, model_key = dry_run(tmp_path, monkeypatch, profile)
         assert (
@@ -233,7 +274,8 @@ def test_real_clis_solve_a_task_through_the_gateway(
         assert outcome.stack is not None
         handles.append(read_unit_handle(outcome.stack, None))
     assert total == served
-    assert_key_nowhere(model_key, summary.run_dir, handles)
+    units = [Endpoint(handle.endpoint, handle.token()) for handle in handles]
+    assert_key_nowhere(model_key, summary.run_dir, units, since=None if profile == "qemu" else began)
 
 
 @REAL_CLIS
