@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from ale_iac.agent_sdk import AgentConfig, AgentRunResult, CliInstall, ModelGrant, load_deployer_class
+from ale_iac.bridges.warm import WARM_ENV
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV
 from ale_iac.docker_engine import client as docker_client
 from ale_iac.executors import docker as docker_executor
@@ -294,14 +295,17 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(  # no
     assert [p.name for p in sockets] == ["gateway.sock"]
 
     # What the SDK says inside is what the host-side executor says, plus, for the bridge alone, the
-    # endpoint's token in a private file of the socket folder (never the value: MCP configs are records).
+    # endpoint's token in a private file of the socket folder (never the value: MCP configs are records), and
+    # the socket of the entry's warm bridges.
     inside_env = dict(report["bridges"]["vm"]["env"])
     token_file = inside_env.pop(ENDPOINT_TOKEN_FILE_ENV)
     assert token_file.startswith("/run/ale-iac/") and ENDPOINT_TOKEN_ENV not in inside_env
+    warm_socket = inside_env.pop(WARM_ENV)
+    assert warm_socket.startswith("/tmp/ale-iac-bridges-") and warm_socket.endswith("/bridges.sock"), warm_socket
     assert report["bridges"]["vm"] == {
         "command": executor.bridge("vm").command,
         "args": executor.bridge("vm").args,
-        "env": {**executor.bridge("vm").env, ENDPOINT_TOKEN_FILE_ENV: token_file},
+        "env": {**executor.bridge("vm").env, ENDPOINT_TOKEN_FILE_ENV: token_file, WARM_ENV: warm_socket},
     }
     assert report["bridges"]["cua"]["args"] == ["-m", "ale_iac.bridges", "cua", "--endpoint", "http://127.0.0.1:4002"]
     assert (
