@@ -33,6 +33,9 @@ from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.run_claims import read_claims, runs_dir
 from ale_iac.substrates import egress, registry
 
+KUBERNETES = "kubernetes"
+"""The provider kind whose units gc finds by label on their clusters (not a host substrate)."""
+
 
 @dataclass
 class GcReport:
@@ -206,6 +209,7 @@ def _collect_substrate_units(
     it, a stack removed behind ale-iac's back), then what the substrates made that no unit owns any more. A
     unit of a stack that a live run claims, or that a live CLI is changing, may be mid-create: left alone."""
     referenced, busy = _accounted_for(engine, read_units, existing, live)
+    _collect_kube_objects(existing, referenced.get(KUBERNETES, set()), busy, dry_run, report)
     for substrate in registry.all_substrates():
         listed = referenced.get(substrate.name, set())
         for unit in substrate.units():
@@ -217,6 +221,16 @@ def _collect_substrate_units(
         for left in substrate.leftovers():
             done = report.containers_removed if left.kind == "container" else report.sandboxes_stopped
             _remove(left.remove, left.what, left.name, done, dry_run, report)
+
+
+def _collect_kube_objects(
+    existing: set[str], referenced: set[str], busy: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Delete the Kubernetes objects of this home that no stack accounts for (``runner/kube_gc.py``)."""
+    from ale_iac.runner import kube_gc
+
+    for obj in kube_gc.sweep(existing, referenced, busy, report.errors):
+        _remove(functools.partial(kube_gc.delete, obj), obj.what, obj.what, report.sandboxes_stopped, dry_run, report)
 
 
 def _collect_egress_proxies(dry_run: bool, report: GcReport) -> None:
