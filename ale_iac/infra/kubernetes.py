@@ -221,6 +221,24 @@ def _container(unit: UnitSpec, route: KubernetesRoute) -> k8s.core.v1.ContainerA
     )
 
 
+SEEDED = ("home", "data", "media")
+"""The emptyDirs that start with the image's content (as a docker unit's named volumes do): ``seed`` copies it."""
+
+
+def _seed(container: k8s.core.v1.ContainerArgs) -> k8s.core.v1.ContainerArgs:
+    """The init container that copies the image's ``/root``, ``/data`` and ``/media`` into their emptyDirs."""
+    copy = " && ".join(f"cp -a {SCRATCH[v][0]}/. /seed/{v}/" for v in SEEDED)
+    return k8s.core.v1.ContainerArgs(
+        name="seed",
+        image=container.image,
+        image_pull_policy=container.image_pull_policy,
+        command=["/bin/sh", "-c", copy],
+        resources=container.resources,
+        security_context=container.security_context,
+        volume_mounts=[k8s.core.v1.VolumeMountArgs(name=v, mount_path=f"/seed/{v}") for v in SEEDED],
+    )
+
+
 class KubernetesUnit(pulumi.ComponentResource):
     """One unit's pod, the secret and forwarder it mounts, and the policy that walls it."""
 
@@ -268,6 +286,7 @@ class KubernetesUnit(pulumi.ComponentResource):
             data={"authproxy.py": Path(authproxy.__file__).read_text(encoding="utf-8")},
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=ignore_expiry)),
         )
+        container = _container(unit, route)
         self.policies = [] if route.allow_outbound else [self._deny_egress(name, meta(), labels, child)]
         self.pod = k8s.core.v1.Pod(
             f"{name}-pod",
@@ -281,7 +300,8 @@ class KubernetesUnit(pulumi.ComponentResource):
                 security_context=k8s.core.v1.PodSecurityContextArgs(
                     seccomp_profile=k8s.core.v1.SeccompProfileArgs(**seccomp)
                 ),
-                containers=[_container(unit, route)],
+                init_containers=[_seed(container)],
+                containers=[container],
                 volumes=_volumes(secret, forwarder, route.shm_gb),
             ),
             opts=pulumi.ResourceOptions.merge(
