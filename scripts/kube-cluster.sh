@@ -273,6 +273,15 @@ PAUSE_IMAGE="ale-iac.local/pause:1"
 COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)
 KUBECONFIG_FILE="$STATE/admin.kubeconfig"
 SECCOMP_PROFILE="ale-iac/sandbox.json"
+# The kubelet's cgroups (kubepods and below) go under this root in every hierarchy, never beside a user's kubelet's.
+CGROUP_ROOT="ale-iac-kube"
+
+cgroup_dirs() { # the cgroup root's folder in each mounted hierarchy (v1: one per controller; v2: one)
+    local m
+    awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts | while read -r m; do
+        echo "$m/$CGROUP_ROOT"
+    done
+}
 
 need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (network devices, containerd, the kubelet)"; }
 
@@ -405,6 +414,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
@@ -418,11 +428,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = "$c/runc"
 EOF
 }
 
 kubelet_config() {
-    mkdir -p "$STATE/kubelet/seccomp/ale-iac"
+    local d
+    mkdir -p "$STATE/kubelet/seccomp/ale-iac" "$STATE/pod-logs"
+    for d in $(cgroup_dirs); do mkdir -p "$d" 2>/dev/null || true; done
     : >"$STATE/resolv.conf" # pods resolve nothing through the host's resolver
     cat >"$STATE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -438,6 +451,8 @@ authentication:
   x509: {clientCAFile: $STATE/pki/ca.crt}
 authorization: {mode: AlwaysAllow}
 cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
+podLogsDir: $STATE/pod-logs
 failCgroupV1: false
 failSwapOn: false
 resolvConf: $STATE/resolv.conf
@@ -464,7 +479,9 @@ pause_image() {
 }
 
 seccomp_profile() { # the project's seccomp policy, where the kubelet's Localhost profiles are
-    SECCOMP_OUT="$STATE/kubelet/seccomp/$SECCOMP_PROFILE" PYTHONPATH="$ROOT_DIR" "${ALE_IAC_PYTHON:-python3}" -c \
+    local py="${ALE_IAC_PYTHON:-python3}"
+    [ -x "$ROOT_DIR/.venv/bin/python" ] && py="$ROOT_DIR/.venv/bin/python"
+    SECCOMP_OUT="$STATE/kubelet/seccomp/$SECCOMP_PROFILE" PYTHONPATH="$ROOT_DIR" "$py" -c \
         'import json, os; from ale_iac.substrates.seccomp import docker_profile; open(os.environ["SECCOMP_OUT"], "w").write(json.dumps(docker_profile()))' \
         2>/dev/null || log "no seccomp profile installed (ale_iac.substrates.seccomp did not load): units get RuntimeDefault"
 }
@@ -491,8 +508,7 @@ start_control_plane() {
     launch kube-controller-manager "$BIN_DIR/kube-controller-manager" --kubeconfig "$cm" \
         --authentication-kubeconfig "$cm" --authorization-kubeconfig "$cm" \
         --bind-address 127.0.0.1 --secure-port "$CM_PORT" --service-account-private-key-file "$p/sa.key" \
-        --root-ca-file "$p/ca.crt" --leader-elect=false --profiling=false \
-        --controllers '*,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-bootstrap-signer-controller,-token-cleaner-controller'
+        --root-ca-file "$p/ca.crt" --use-service-account-credentials=true --leader-elect=false --profiling=false
     launch kube-scheduler "$BIN_DIR/kube-scheduler" --kubeconfig "$sc" \
         --authentication-kubeconfig "$sc" --authorization-kubeconfig "$sc" \
         --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false --profiling=false
@@ -581,15 +597,20 @@ cmd_stop() {
             pkill -KILL -P "$pid" 2>/dev/null || true
             kill -KILL "$pid" 2>/dev/null || true
         done
-        # Pod network namespaces this cluster made (their names are in its IPAM records).
-        for m in $(cat "$STATE"/cni/ipam/ale-iac-pods/* 2>/dev/null | grep -o '/var/run/netns/cni-[0-9a-f-]*\|cni-[0-9a-f-]\{36\}' | sed 's|.*/||' | sort -u); do
-            ip netns del "$m" 2>/dev/null || true
-        done
-        # Mounts under the state dir (kubelet volumes, containerd's snapshots and shm), deepest first.
+        # Mounts under the state dir (kubelet volumes, containerd's snapshots and shm, the pods' network
+        # namespaces: netns_mounts_under_state_dir), deepest first.
         awk -v s="$STATE/" 'index($2, s) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do
             umount -l "$m" 2>/dev/null || true
         done
     fi
+    # The kubelet's links in /var/log/containers (a path it does not let us move) into this cluster's pod logs.
+    for m in /var/log/containers/*.log; do
+        [ -L "$m" ] && case "$(readlink "$m")" in "$STATE"/*) rm -f "$m" ;; esac
+    done
+    # The cgroups of this cluster's pods, deepest first (their processes are gone).
+    for m in $(cgroup_dirs); do
+        [ -d "$m" ] && find "$m" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    done
     ip link del "$POD_BRIDGE" 2>/dev/null || true
     ip link del "$NODE_DEV" 2>/dev/null || true
     rm -rf "$STATE"
