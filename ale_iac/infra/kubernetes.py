@@ -294,6 +294,7 @@ class KubernetesUnit(pulumi.ComponentResource):
             spec=k8s.core.v1.PodSpecArgs(
                 automount_service_account_token=False,
                 enable_service_links=False,
+                dns_policy="Default",  # the node's resolver (the test cluster's is empty); the pod has no egress
                 restart_policy="Never",
                 runtime_class_name=route.runtime_class,
                 termination_grace_period_seconds=5,

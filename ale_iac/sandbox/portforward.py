@@ -6,15 +6,18 @@ own loopback). The runner reaches it the way a user reaches a pod of a remote cl
 ``127.0.0.1`` at a port the kernel picks, through the API server the unit's kubeconfig names. The forwarder
 behind it still admits only requests with the unit's token, so the forward adds reach and no authority.
 
-One forward per pod and process, kept while it lives and reused by every handle of the unit; a forward whose
-kubectl has exited (its pod was replaced by a reset, the API server went away) is opened anew on the next
-:func:`local_endpoint`. Every forward is closed when this process exits (:func:`close_all`, at ``atexit``); a
-process killed with SIGKILL leaves its kubectl running until the pod it forwards to is gone.
+One forward per pod and process, kept while it lives and reused by every handle of the unit. kubectl ends a
+forward at the first connection the pod refuses (the unit's forwarder is not listening yet), so each forward is
+supervised: kubectl is started again on the same local port until the forward is closed or the pod is gone (a
+reset replaced it; the next handle forwards to the new pod). Every forward is closed when this process exits
+(:func:`close_all`, at ``atexit``); a process killed with SIGKILL leaves its kubectl running until the pod it
+forwards to is gone.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import json
@@ -41,27 +44,6 @@ _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 
 class PortForwardError(AleIacError):
     """The forward could not be opened; the message names the pod and carries kubectl's words."""
-
-
-@dataclass
-class _Forward:
-    process: subprocess.Popen[bytes]
-    port: int
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
 
 
 @dataclass(frozen=True)
@@ -99,55 +81,96 @@ _LOCK = threading.Lock()
 _FORWARDS: dict[PortForward, _Forward] = {}
 
 
-def command(target: PortForward) -> list[str]:
-    """The kubectl command line of the forward (no secret in it: the kubeconfig is a path)."""
+def command(target: PortForward, local_port: int = 0) -> list[str]:
+    """The kubectl command line of the forward (no secret in it: the kubeconfig is a path). ``local_port`` 0: the
+    kernel picks one."""
     argv = [str(find_kubectl()), "--kubeconfig", target.kubeconfig]
     if target.context:
         argv += ["--context", target.context]
-    return [
-        *argv,
-        "-n",
-        target.namespace,
-        "port-forward",
-        "--address",
-        "127.0.0.1",
-        f"pod/{target.pod}",
-        f":{target.port}",
-    ]
+    ports = f"{local_port}:{target.port}" if local_port else f":{target.port}"
+    return [*argv, "-n", target.namespace, "port-forward", "--address", "127.0.0.1", f"pod/{target.pod}", ports]
 
 
-def _start(target: PortForward) -> tuple[_Forward | None, str]:
-    """One try: a forward, or None and what kubectl said."""
+def _spawn(target: PortForward, local_port: int) -> tuple[subprocess.Popen[bytes], int | None, str]:
+    """Start kubectl; its process, the local port once it listens (None if it exited first), what it said."""
     process = subprocess.Popen(
-        command(target),
+        command(target, local_port),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline()  # kubectl prints the line once it listens, or exits
-    match = _FORWARDING.search(line)
-    if match is None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        said = (line + process.stderr.read() if process.poll() is not None else line).decode(errors="replace")
-        _Forward(process, 0).close()
-        return None, said.strip()
-    # What kubectl prints later (one line per connection) is read and dropped, so its pipe never fills.
-    threading.Thread(target=_drain, args=(process,), daemon=True).start()
-    return _Forward(process, int(match.group(1))), ""
+    assert process.stdout is not None
+    said: list[bytes] = []
+    while line := process.stdout.readline():  # kubectl prints the line once it listens, or exits
+        said.append(line)
+        match = _FORWARDING.search(line)
+        if match is not None:
+            return process, int(match.group(1)), ""
+    process.wait()
+    process.stdout.close()
+    return process, None, b"".join(said).decode(errors="replace").strip()
 
 
-def _drain(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ValueError, OSError):
-        assert process.stdout is not None
-        for _ in process.stdout:
-            pass
+def _gone(said: str) -> bool:
+    """Whether kubectl's words say the pod is gone (replaced or deleted): then there is nothing to forward to."""
+    return "NotFound" in said or "not found" in said
+
+
+class _Forward:
+    """One pod's forward: kubectl on a fixed local port, started again on that port whenever it exits (kubectl
+    ends a forward at the first connection the pod refuses: while the unit's forwarder starts, or after a
+    restart of the pod's server), until it is closed or the pod is gone."""
+
+    def __init__(self, target: PortForward, process: subprocess.Popen[bytes], port: int) -> None:
+        self.target = target
+        self.port = port
+        self.process = process
+        self.closed = threading.Event()
+        self.gone = False
+        self.said: collections.deque[str] = collections.deque(maxlen=5)
+        threading.Thread(target=self._supervise, name=f"port-forward {target.pod}", daemon=True).start()
+
+    def alive(self) -> bool:
+        return not self.closed.is_set() and not self.gone
+
+    def _supervise(self) -> None:
+        while not self.closed.is_set():
+            process = self.process
+            assert process.stdout is not None
+            with contextlib.suppress(ValueError, OSError):
+                for line in process.stdout:  # its lines, read so that its pipe never fills
+                    self.said.append(line.decode(errors="replace").strip())
+            process.wait()
+            process.stdout.close()
+            if self.closed.is_set() or _gone(" ".join(self.said)):
+                self.gone = not self.closed.is_set()
+                return
+            while not self.closed.is_set():
+                restarted, port, said = _spawn(self.target, self.port)
+                if port is not None:
+                    self.process = restarted
+                    break
+                if _gone(said):
+                    self.gone = True
+                    return
+                self.closed.wait(0.2)
+
+    def close(self) -> None:
+        self.closed.set()
+        process = self.process
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def local_endpoint(target: PortForward, timeout_s: float = OPEN_TIMEOUT_S) -> str:
-    """The unit's endpoint on this host (``http://127.0.0.1:<port>``): its forward, opened if need be."""
+    """The unit's endpoint on this host (``http://127.0.0.1:<port>``): its forward, opened if need be (a pod that
+    is not running yet is retried until ``timeout_s``)."""
     with _LOCK:
         forward = _FORWARDS.get(target)
         if forward is not None and forward.alive():
@@ -158,10 +181,10 @@ def local_endpoint(target: PortForward, timeout_s: float = OPEN_TIMEOUT_S) -> st
         remember(target)
         deadline = time.monotonic() + timeout_s
         while True:
-            forward, said = _start(target)
-            if forward is not None:
-                _FORWARDS[target] = forward
-                return f"http://127.0.0.1:{forward.port}"
+            process, port, said = _spawn(target, 0)
+            if port is not None:
+                _FORWARDS[target] = _Forward(target, process, port)
+                return f"http://127.0.0.1:{port}"
             if time.monotonic() >= deadline:
                 raise PortForwardError(
                     f"cannot open a port-forward to pod {target.namespace}/{target.pod}: "

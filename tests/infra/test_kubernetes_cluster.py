@@ -1,0 +1,104 @@
+"""The ``kubernetes`` provider kind for real: the real Pulumi engine (file backend), the real provider plugin
+built from the Go module proxy, a real single-node cluster on this host (tests/support/kube.py). A unit comes up
+as a walled pod, answers through the API server's port-forward only (behind its token), and goes away with its
+stack, leaving nothing of its own on the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import httpx
+import pytest
+
+from ale_iac.cloud_routes import KubernetesRoute
+from ale_iac.contract import UnitSpec
+from ale_iac.engine import Engine
+from ale_iac.profile import Profile, resolve_profile
+from ale_iac.provision import destroy_stack, new_stack_name, up_unit
+from ale_iac.sandbox.readiness import wait_ready
+from tests.support.kube import KubeCluster
+
+pytestmark = [
+    pytest.mark.kubernetes,
+    pytest.mark.engine,
+    pytest.mark.xdist_group("kubernetes"),
+    pytest.mark.timeout(3900),  # a cold cache builds the cluster first (~23 min on 2 cores)
+]
+
+
+def kube_profile(cluster: KubeCluster) -> Profile:
+    """The shipped ``kubernetes`` profile, pointed at the test cluster's kubeconfig."""
+    profile = resolve_profile("kubernetes").profile
+    routes = {
+        name: route.model_copy(update={"kubeconfig": str(cluster.kubeconfig)})
+        if isinstance(route, KubernetesRoute)
+        else route
+        for name, route in profile.snapshots.items()
+    }
+    return profile.model_copy(update={"snapshots": routes})
+
+
+def objects_of(cluster: KubeCluster, stack: str) -> list[str]:
+    listing = cluster.kubectl(
+        "get", "pods,secrets,configmaps,networkpolicies", "-A", "-o", "json", "-l", "managed-by=ale-iac"
+    )
+    items = json.loads(listing.stdout)["items"]
+    return [
+        f"{i['kind']}/{i['metadata']['name']}"
+        for i in items
+        if (i["metadata"].get("annotations") or {}).get("ale-iac/stack") == stack
+    ]
+
+
+def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_cluster: KubeCluster) -> None:
+    engine = Engine()
+    stack = new_stack_name("run", "kube")
+    started = time.monotonic()
+    handle = up_unit(engine, kube_profile(kube_cluster), stack, UnitSpec(name="u0"))
+    try:
+        up_s = time.monotonic() - started
+        report = asyncio.run(wait_ready(handle, 180))
+        ready_s = time.monotonic() - started
+        assert handle.endpoint.startswith("http://127.0.0.1:") and handle.port_forward is not None
+        namespace, pod = handle.resource_id.split("/")
+        spec = json.loads(kube_cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["seccompProfile"]["type"] == "Localhost"
+        [container] = spec["containers"]
+        assert container["securityContext"]["privileged"] is False and "ports" not in container
+        assert container["resources"]["limits"]["cpu"] == "1"
+        assert container["resources"]["limits"]["memory"] in {"2Gi", "2048Mi"}
+        # Without the unit's token the forward leads nowhere: the forwarder refuses.
+        assert httpx.get(f"{handle.endpoint}/status", timeout=10).status_code == 401
+
+        async def inside() -> tuple[str, str]:
+            async with handle.client() as client:
+                tokens = await client.run_command("ls /var/run/secrets/kubernetes.io 2>&1; echo $?")
+                # the pod's routes: its bridge's /24 only, no default route (the pod reaches nothing beyond it)
+                routes = await client.run_command("awk '$2 == \"00000000\"' /proc/net/route | wc -l; id -u")
+                return tokens.stdout, routes.stdout
+
+        tokens, routes = asyncio.run(inside())
+        assert tokens.strip().endswith("2"), tokens  # no service-account token mounted
+        assert routes.split() == ["0", "0"], routes  # no default route; root in the pod (no user namespace)
+        # The recorded walls: seccomp and the network policy, as the cluster can (not) enforce it.
+        assert handle.labels["ale-seccomp"] == "localhost" and handle.labels["ale-network-policy"] == "not-enforced"
+        assert sorted(o.split("/")[0] for o in objects_of(kube_cluster, stack)) == [
+            "ConfigMap",
+            "NetworkPolicy",
+            "Pod",
+            "Secret",
+        ]
+    finally:
+        torn = time.monotonic()
+        destroy_stack(engine, stack)
+        teardown_s = time.monotonic() - torn
+    assert objects_of(kube_cluster, stack) == []
+    print(
+        f"\n[measure] kubernetes unit: pulumi up {up_s:.1f} s, ready (first answer) {ready_s:.1f} s after create "
+        f"(readiness poll {report.seconds:.1f} s), teardown {teardown_s:.1f} s",
+        file=sys.stderr,
+    )
