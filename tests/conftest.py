@@ -25,7 +25,7 @@ from tests.support import preconditions
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.support.fixtures", "tests.support.rootless"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.rootless", "tests.support.kube"]
 
 
 HEAVY_GROUPS = ("qemu", "real-cli-agents", "ale-claw", "evaluate-runs", "gc-crashes")

@@ -146,7 +146,6 @@ def provider_for(route: KubernetesRoute) -> k8s.Provider:
             kubeconfig=path,
             context=route.context,
             namespace=route.namespace,
-            enable_server_side_apply=False,
         )
 
     provider: k8s.Provider = shared_resource(f"kubernetes:{key}", make)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ale_iac.cloud_routes import KubernetesRoute
-from ale_iac.contract import UnitSpec
+from ale_iac.contract import Shape, UnitSpec
 from ale_iac.engine import Engine
 from ale_iac.profile import Profile, resolve_profile
 from ale_iac.provision import destroy_stack, new_stack_name, up_unit
@@ -29,13 +29,15 @@ pytestmark = [
 ]
 
 
-def kube_profile(cluster: KubeCluster) -> Profile:
-    """The shipped ``kubernetes`` profile, pointed at the test cluster's kubeconfig."""
+def kube_profile(cluster: KubeCluster, shape: Shape | None = None) -> Profile:
+    """The shipped ``kubernetes`` profile, pointed at the test cluster's kubeconfig (and given ``shape``: requests
+    are limits, and the 2-core node fits two units of the shipped 1 vCPU)."""
     profile = resolve_profile("kubernetes").profile
+    update: dict[str, object] = {"kubeconfig": str(cluster.kubeconfig)}
+    if shape is not None:
+        update["shape"] = shape
     routes = {
-        name: route.model_copy(update={"kubeconfig": str(cluster.kubeconfig)})
-        if isinstance(route, KubernetesRoute)
-        else route
+        name: route.model_copy(update=update) if isinstance(route, KubernetesRoute) else route
         for name, route in profile.snapshots.items()
     }
     return profile.model_copy(update={"snapshots": routes})
@@ -71,6 +73,14 @@ def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_clust
         assert container["securityContext"]["privileged"] is False and "ports" not in container
         assert container["resources"]["limits"]["cpu"] == "1"
         assert container["resources"]["limits"]["memory"] in {"2Gi", "2048Mi"}
+        # The token is in the Secret's data only: in no annotation, and nowhere in the pod.
+        token = handle.token()
+        assert token and len(token) >= 32
+        secrets = kube_cluster.kubectl("get", "secrets", "-n", namespace, "-o", "json").stdout
+        assert all(token not in json.dumps(s["metadata"]) for s in json.loads(secrets)["items"]), (
+            "the token is in a secret's metadata"
+        )
+        assert token not in kube_cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout
         # Without the unit's token the forward leads nowhere: the forwarder refuses.
         assert httpx.get(f"{handle.endpoint}/status", timeout=10).status_code == 401
 
