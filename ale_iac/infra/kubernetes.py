@@ -53,6 +53,18 @@ from ale_iac.infra.endpoint_token import EndpointToken
 from ale_iac.paths import home_id
 from ale_iac.substrates import authproxy
 
+# The SDK's submodules are lazy (importlib's LazyLoader), and loading one from two threads at once races
+# (Python 3.11): two inline programs of `evaluate` declaring at once saw "'pulumi_kubernetes.core.v1' has no
+# attribute 'Secret'". Touching what this module uses loads them here, under this module's import lock.
+_USED = (
+    k8s.Provider,
+    k8s.core.v1.Secret,
+    k8s.core.v1.ConfigMap,
+    k8s.core.v1.Pod,
+    k8s.networking.v1.NetworkPolicy,
+    k8s.meta.v1.ObjectMetaArgs,
+)
+
 UNIT_TYPE = "ale-iac:kubernetes:Unit"
 LABEL_HOME = "ale-home"
 LABEL_UNIT_ID = "ale-unit-id"

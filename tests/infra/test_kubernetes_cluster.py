@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +21,8 @@ from ale_iac.profile import Profile, resolve_profile
 from ale_iac.provision import destroy_stack, new_stack_name, up_unit
 from ale_iac.sandbox.readiness import wait_ready
 from tests.support.kube import KubeCluster
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.kubernetes,
@@ -112,3 +115,36 @@ def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_clust
         f"(readiness poll {report.seconds:.1f} s), teardown {teardown_s:.1f} s",
         file=sys.stderr,
     )
+
+
+def test_the_demo_experiment_on_the_kubernetes_profile_scores_one(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    """``ale-iac evaluate examples/demo.yaml --profile kubernetes``: the scripted agent on every demo task, each
+    unit a pod reached through its port-forward, graded, destroyed."""
+    from ale_iac.runner.evaluation import run_experiment
+    from ale_iac.runner.experiment import load_experiment
+
+    assert str(kube_cluster.kubeconfig) == "/run/ale-iac-kube/admin.kubeconfig"  # what the shipped profile names
+    experiment = load_experiment(
+        REPO / "examples" / "demo.yaml", {"profile": "kubernetes", "output_root": str(tmp_path), "concurrency": 2}
+    )
+    summary = run_experiment(experiment)
+    assert {o.task for o in summary.outcomes} >= {"cli-log-stats", "gui-notepad", "mixed-clipboard-total"}
+    assert all(o.status == "succeeded" and o.score == 1.0 for o in summary.outcomes), summary.outcomes
+    for outcome in summary.outcomes:
+        record = json.loads((summary.run_dir / outcome.unit_id / "run.json").read_text())
+        assert record["cleanup"] == {"mode": "destroy", "outcome": "destroyed"}
+    assert Engine().list_stacks() == []
+    assert "kubernetes" in (summary.run_dir / "experiment.json").read_text()
+    assert objects_of_all(kube_cluster) == []
+
+
+def objects_of_all(cluster: KubeCluster) -> list[str]:
+    """Every object of ale-iac on the cluster but pods still terminating (deleted, within their grace period)."""
+    listing = json.loads(
+        cluster.kubectl(
+            "get", "pods,secrets,configmaps,networkpolicies", "-A", "-o", "json", "-l", "managed-by=ale-iac"
+        ).stdout
+    )
+    return [
+        f"{i['kind']}/{i['metadata']['name']}" for i in listing["items"] if not i["metadata"].get("deletionTimestamp")
+    ]
