@@ -5,13 +5,18 @@ pod's URN), and the next lease, through a new port-forward, sees none of them; n
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ale_iac.engine import Engine
 from ale_iac.runner.provisioners import Pool
+from ale_iac.runner.resets import reset_of
 from ale_iac.runner.status import UnitStatus
+from ale_iac.sandbox.handle import SandboxHandle
+from ale_iac.sandbox.readiness import wait_ready
 from tests.infra.test_kubernetes_cluster import objects_of
 from tests.support.kube import KubeCluster
 from tests.support.pools import lease_used_then_reset, plain_pulumi, pool_project
@@ -74,3 +79,17 @@ async def _scenario(engine: Engine) -> None:
         assert "pulumi up --replace" in log and "+-1 replaced" in log
     finally:
         await second.release(UnitStatus.SUCCEEDED, 1.0)
+    # One reset on its own, timed: the pod replaced through the engine, then ready through a new forward.
+    unit = next(iter(engine.units(POOL).values()))
+    reset = reset_of(POOL, unit)
+    assert reset is not None
+    started = time.monotonic()
+    fresh = await asyncio.to_thread(reset, unit)
+    replaced_s = time.monotonic() - started
+    await wait_ready(SandboxHandle.from_outputs(POOL, fresh), 180)
+    assert fresh.resource_id != unit.resource_id
+    print(
+        f"\n[measure] kubernetes pool reset: pod replaced in {replaced_s:.1f} s, ready "
+        f"{time.monotonic() - started:.1f} s after the reset began",
+        file=sys.stderr,
+    )
