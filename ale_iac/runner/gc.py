@@ -31,6 +31,7 @@ from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.run_claims import read_claims, runs_dir
+from ale_iac.sandbox.portforward import sweep_orphans as sweep_forward_orphans
 from ale_iac.substrates import egress, registry
 
 KUBERNETES = "kubernetes"
@@ -45,6 +46,8 @@ class GcReport:
     expired: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     providers_killed: list[int] = field(default_factory=list)
+    port_forwards_killed: list[int] = field(default_factory=list)
+    """kubectl port-forwards to Kubernetes units whose runner is gone (``sandbox.portforward.sweep_orphans``)."""
     warm_bridges_removed: list[str] = field(default_factory=list)
     private_dirs_removed: list[str] = field(default_factory=list)
     egress_proxies_stopped: list[str] = field(default_factory=list)
@@ -210,6 +213,7 @@ def _collect_substrate_units(
     unit of a stack that a live run claims, or that a live CLI is changing, may be mid-create: left alone."""
     referenced, busy = _accounted_for(engine, read_units, existing, live)
     _collect_kube_objects(existing, referenced.get(KUBERNETES, set()), busy, dry_run, report)
+    report.port_forwards_killed = sweep_forward_orphans(dry_run=dry_run)
     for substrate in registry.all_substrates():
         listed = referenced.get(substrate.name, set())
         for unit in substrate.units():

@@ -21,18 +21,26 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 
+import psutil
+
+from ale_iac import procs
 from ale_iac.contract import PortForward
 from ale_iac.errors import AleIacError
 from ale_iac.files import write_json_atomic
 from ale_iac.paths import ale_home
 from ale_iac.toolchain import find_kubectl
 
+OWNER_ENV = "ALE_IAC_FORWARD_OWNER"
+"""In each forward's kubectl environment: ``<pid>:<start time>`` of the process that opened it (for
+:func:`sweep_orphans`: a runner killed with SIGKILL leaves its forwards behind)."""
 CLUSTERS_FILE = "kubernetes-clusters.json"
 """In the ale-iac home: every cluster (kubeconfig, context, namespace) this home reached a unit on, for gc."""
 
@@ -95,6 +103,7 @@ def _spawn(target: PortForward, local_port: int) -> tuple[subprocess.Popen[bytes
     """Start kubectl; its process, the local port once it listens (None if it exited first), what it said."""
     process = subprocess.Popen(
         command(target, local_port),
+        env={**os.environ, OWNER_ENV: _OWNER},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -110,6 +119,35 @@ def _spawn(target: PortForward, local_port: int) -> tuple[subprocess.Popen[bytes
     process.wait()
     process.stdout.close()
     return process, None, b"".join(said).decode(errors="replace").strip()
+
+
+def _owner() -> str:
+    return f"{os.getpid()}:{procs.start_time(os.getpid())}"
+
+
+_OWNER = _owner()
+
+
+def sweep_orphans(dry_run: bool = False) -> list[int]:
+    """Kill the forwards (kubectl processes carrying :data:`OWNER_ENV`) whose owner is gone; their pids."""
+    killed: list[int] = []
+    for pid in procs.all_pids():
+        if "port-forward" not in procs.argv(pid)[1:8]:
+            continue
+        try:
+            owner = psutil.Process(pid).environ().get(OWNER_ENV, "")
+        except psutil.Error:
+            continue
+        owner_pid, _, started = owner.partition(":")
+        if not owner_pid.isdigit():
+            continue
+        if procs.is_running(int(owner_pid), float(started) if started not in ("", "None") else None):
+            continue
+        if not dry_run:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    return killed
 
 
 def _gone(said: str) -> bool:
