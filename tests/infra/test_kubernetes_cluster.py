@@ -148,3 +148,38 @@ def objects_of_all(cluster: KubeCluster) -> list[str]:
     return [
         f"{i['kind']}/{i['metadata']['name']}" for i in listing["items"] if not i["metadata"].get("deletionTimestamp")
     ]
+
+
+def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> None:
+    """One stack of 20 units (no CPU requests: the node has 2 cores), every one ready through its own
+    port-forward at once, then destroyed, leaving nothing."""
+    from ale_iac.contract import parse_units
+    from ale_iac.infra.program import inline_program, pool_units
+    from ale_iac.profile import PoolSpec
+    from ale_iac.sandbox.handle import SandboxHandle
+
+    stack = "pool-twenty"
+    profile = kube_profile(kube_cluster, Shape(memory_gb=0.5))
+    engine = Engine()
+    resolved: list[dict[str, object]] = []
+    started = time.monotonic()
+    engine.up(stack, inline_program(profile, pool_units(PoolSpec(units=20), stack), stack, on_units=resolved.append))
+    try:
+        units = parse_units(resolved[-1])
+        assert len(units) == 20
+
+        async def ready(name: str) -> str:
+            handle = await asyncio.to_thread(SandboxHandle.from_outputs, stack, units[name])
+            await wait_ready(handle, 600)
+            return handle.endpoint
+
+        async def every() -> list[str]:
+            return list(await asyncio.gather(*(ready(name) for name in units)))
+
+        endpoints = asyncio.run(every())
+        all_ready_s = time.monotonic() - started
+        assert len(set(endpoints)) == 20  # a forward of its own each
+    finally:
+        engine.destroy(stack)
+    assert objects_of(kube_cluster, stack) == []
+    print(f"\n[measure] 20 kubernetes units: all ready {all_ready_s:.1f} s after the up began", file=sys.stderr)
