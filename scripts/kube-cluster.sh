@@ -2,12 +2,13 @@
 # kube-cluster.sh: a private single-node Kubernetes cluster on this host, built from the Go module proxy
 # and Debian's containerd, for the `kubernetes` profile's tests (docs/kubernetes.md).
 #
-#   scripts/kube-cluster.sh build [cluster|provider]...   build (cached) the binaries; stdout: the bin dir
+#   scripts/kube-cluster.sh build [--check] [cluster|provider]...   build (cached) the binaries; stdout: the bin dir
+#                                                          (--check: only say whether they are built)
 #   scripts/kube-cluster.sh start                          start the cluster; stdout: the kubeconfig path
 #   scripts/kube-cluster.sh stop                           stop it and remove everything it made
 #   scripts/kube-cluster.sh status                         exit 0 and print the kubeconfig if it is up
 #   scripts/kube-cluster.sh load ARCHIVE...                import OCI archives into the node's containerd
-#   scripts/kube-cluster.sh env                            shell lines: KUBECONFIG=..., PATH=...
+#   scripts/kube-cluster.sh env                            shell lines: KUBECONFIG, the bin dir, the socket
 #
 # build: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl (`cluster`) and the
 # Pulumi Kubernetes provider plugin pulumi-resource-kubernetes (`provider`), no argument meaning both, into
@@ -203,7 +204,11 @@ EOF
 }
 
 cmd_build() {
-    local want_cluster=0 want_provider=0 what
+    local want_cluster=0 want_provider=0 what check=0
+    if [ "${1:-}" = --check ]; then
+        check=1
+        shift
+    fi
     [ "$#" -gt 0 ] || set -- cluster provider
     for what in "$@"; do
         case "$what" in
@@ -224,6 +229,7 @@ cmd_build() {
         printf '%s\n' "$BIN_DIR"
         return 0
     fi
+    [ "$check" = 0 ] || { log "not built: $*"; return 1; }
     command -v go >/dev/null 2>&1 || die "'go' is not on PATH: it builds the cluster's binaries from the Go module proxy"
     mkdir -p "$BIN_DIR"
     exec 9>"$KUBE_DIR/.build.lock"
@@ -652,7 +658,7 @@ cmd_env() {
 
 # ---------------------------------------------------------------------------------------------- main
 
-usage() { sed -n '3,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ "$#" -ge 1 ] || usage
 cmd="$1"
 shift
