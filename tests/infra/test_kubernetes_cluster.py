@@ -6,9 +6,13 @@ stack, leaving nothing of its own on the cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -183,3 +187,70 @@ def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> N
         engine.destroy(stack)
     assert objects_of(kube_cluster, stack) == []
     print(f"\n[measure] 20 kubernetes units: all ready {all_ready_s:.1f} s after the up began", file=sys.stderr)
+
+
+def test_the_model_channel_of_a_kubernetes_unit_goes_through_its_port_forward(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """The unit's 127.0.0.1:<model port> reaches, over a connection the host opened through the port-forward
+    (with the unit's token), only what the host joins it to: a Unix socket of the test's own. The pod itself
+    has no route out (its deny-all policy, and here no route off its bridge)."""
+    from ale_iac.substrates.authproxy import MODEL_PORT
+    from ale_iac.substrates.channel import ModelChannel
+    from ale_iac.substrates.relay import unix_connector
+
+    engine = Engine()
+    stack = new_stack_name("run", "kube-channel")
+    handle = up_unit(engine, kube_profile(kube_cluster, Shape(memory_gb=1)), stack, UnitSpec(name="u0"))
+    try:
+        asyncio.run(wait_ready(handle, 180))
+        assert handle.gateway_channel is not None
+        probe = (
+            "import socket\n"
+            f"with socket.create_connection(('127.0.0.1', {MODEL_PORT}), timeout=20) as c:\n"
+            "    c.sendall(b'ping-from-the-pod'); print('got', c.recv(100).decode())\n"
+        )
+        path = tmp_path / "model.sock"
+        # A request, then its answer, as a model's HTTP exchange is: a half-close (shutdown of one direction)
+        # does not cross a port-forward (containerd's copy ends the stream), so the socket answers on length.
+        with request_answering_socket(path, len(b"ping-from-the-pod"), b"pong-from-the-host") as received:
+
+            async def carried() -> str:
+                channel = ModelChannel(handle.endpoint, handle.token() or "", unix_connector(str(path)), pool=1)
+                await channel.open()
+                try:
+                    async with handle.client() as client:
+                        await client.write_text("/tmp/probe.py", probe)
+                        return (await client.run_command("python3 /tmp/probe.py", timeout=60)).stdout
+                finally:
+                    await channel.aclose()
+
+            assert asyncio.run(carried()).strip() == "got pong-from-the-host"
+        assert received == [b"ping-from-the-pod"]
+    finally:
+        destroy_stack(engine, stack)
+
+
+@contextlib.contextmanager
+def request_answering_socket(path: Path, length: int, reply: bytes) -> Iterator[list[bytes]]:
+    """A Unix socket at ``path`` that takes one connection, reads ``length`` bytes, answers ``reply`` and closes."""
+    received: list[bytes] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                data = b""
+                while len(data) < length and (chunk := conn.recv(100)):
+                    data += chunk
+                received.append(data)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            yield received
+        finally:
+            thread.join(timeout=30)
