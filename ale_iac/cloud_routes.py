@@ -1,4 +1,4 @@
-"""Route models for the cloud providers (gcloud, aws, aliyun).
+"""Route models for the remote providers: the clouds (gcloud, aws, aliyun) and a user's Kubernetes cluster.
 
 Kept apart from profile.py because they are large; profile.py puts them in its discriminated union.
 Every cloud route must name the source ranges allowed to reach the computer-server port: there is
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ale_iac.contract import OsName, SandboxPaths
+from ale_iac.contract import OsName, SandboxPaths, Shape
 from ale_iac.egress_policy import EgressPolicy
 
 IPV4_MIN_PREFIX = 8
@@ -270,6 +270,88 @@ class AliyunRoute(CloudRouteBase):
         default=None,
         description="Import the image (a qcow2 in OSS, the region's bucket: an ECS image import); `image` is its name.",
     )
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+KUBE_FORWARDER_PORT = 8443
+"""The pod's forwarder port: reached only through the API server's port-forward (it listens on the pod's
+loopback), never through the pod network."""
+
+
+class KubernetesRoute(BaseModel):
+    """A pod of the desktop image per unit on the user's cluster (``ale_iac/infra/kubernetes.py``), reached
+    through the API server's port-forward only; docs/kubernetes.md. No credential is a field: the kubeconfig
+    is named by its path and read by the provider and by kubectl, never copied into the stack."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: Literal["kubernetes"]
+    kubeconfig: str = Field(
+        description="Path of the kubeconfig file that reaches the cluster ('~' expanded; relative to the working "
+        "directory). Required: ale-iac never falls back to ~/.kube/config."
+    )
+    context: str | None = Field(default=None, description="The kubeconfig's context; None: its current context.")
+    namespace: str = Field(default="default", description="Namespace of the units' pods, secrets and policies.")
+    image: str = Field(default="desktop", description="Image recipe name under images/ (exported as an OCI archive).")
+    registry: str | None = Field(
+        default=None,
+        description="Registry the image was pushed to (docs/kubernetes.md): pods pull "
+        "<registry>/ale-iac/<recipe>:<hash12>. None: the image is imported into each node's containerd "
+        "(ale-iac.local/<recipe>:<hash12>, imagePullPolicy: Never).",
+    )
+    runtime_class: str | None = Field(default=None, description="runtimeClassName of the pods (gVisor, Kata, ...).")
+    seccomp_localhost: str | None = Field(
+        default=None,
+        description="The project's seccomp policy as a Localhost profile, relative to the kubelet's seccomp "
+        "folder of every node (scripts/kube-cluster.sh installs ale-iac/sandbox.json). None: RuntimeDefault.",
+    )
+    network_policy_enforced: bool = Field(
+        default=False,
+        description="Whether the cluster's network plugin enforces NetworkPolicy (the API cannot tell): each "
+        "unit's deny-egress policy is declared either way, and recorded as enforced or not.",
+    )
+    allow_outbound: bool = Field(default=False, description="Declare no deny-egress policy for the pods.")
+    egress: EgressPolicy | None = Field(
+        default=None,
+        description="Where units may connect, through a per-unit egress proxy on the runner reached over the "
+        "unit's own endpoint (the pod's forwarder); the pod itself keeps its deny-egress policy.",
+    )
+    screen_width: int = Field(default=1280, ge=320, le=7680)
+    screen_height: int = Field(default=800, ge=240, le=4320)
+    shape: Shape = Field(default_factory=Shape, description="Default shape: requests and limits of the pods.")
+    shm_gb: float = Field(default=1.0, gt=0, le=64, description="Size of /dev/shm (a memory-backed emptyDir).")
+    ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry annotation: gc may reap it after.")
+    reset: Literal["recreate", "none"] = Field(
+        default="recreate",
+        description="How a pool unit is cleaned between leases: 'recreate' (the pool stack replaces its pod, "
+        "pulumi up --replace), 'none' (leased as it is).",
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise PydanticCustomError("namespace", f"{value!r} is not a Kubernetes namespace name (a DNS label)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_out(self) -> KubernetesRoute:
+        if self.egress is not None and self.allow_outbound:
+            raise PydanticCustomError(
+                "egress_and_outbound", "give either allow_outbound: true (everything) or an egress policy, not both"
+            )
+        return self
+
+    @property
+    def os(self) -> OsName:
+        return "linux"
+
+    @property
+    def kubeconfig_path(self) -> str:
+        """The kubeconfig's absolute path (``~`` expanded), as the provider and kubectl are given it."""
+        import os
+
+        return os.path.abspath(os.path.expanduser(self.kubeconfig))
 
 
 _CREDENTIAL_KEYS = frozenset(

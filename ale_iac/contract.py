@@ -146,6 +146,20 @@ def forwarder_channel() -> HostChannel:
     return HostChannel(sandbox_url=f"http://127.0.0.1:{FORWARDER_MODEL_PORT}")
 
 
+class PortForward(BaseModel):
+    """A unit reached through a Kubernetes API server's port-forward to its pod (nothing of the pod is exposed:
+    no NodePort, no LoadBalancer). The running side opens the forward on this host's 127.0.0.1
+    (``ale_iac.sandbox.portforward``) and uses that address as the unit's endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kubeconfig: str = Field(description="The kubeconfig file that reaches the cluster (a path, never its contents).")
+    context: str | None = Field(default=None, description="Its context; None: the file's current context.")
+    namespace: str
+    pod: str
+    port: int = Field(ge=1, le=65535, description="The pod's port the endpoint is (its forwarder's).")
+
+
 class UnitOutputs(BaseModel):
     """What a stack exports per unit: everything a SandboxHandle needs, nothing provider-internal."""
 
@@ -195,6 +209,12 @@ class UnitOutputs(BaseModel):
         default_factory=list,
         description="URNs of the unit's resources that a 'recreate' replaces (its VM, container or sandbox).",
     )
+    port_forward: PortForward | None = Field(
+        default=None,
+        description="Set when the endpoint is reached through a Kubernetes port-forward to the unit's pod: then "
+        "``endpoint`` names the pod (kubernetes://<namespace>/<pod>:<port>) and a handle's is the forward's local "
+        "address (``SandboxHandle.from_outputs``).",
+    )
     egress: dict[str, Any] | None = Field(
         default=None,
         description="The route's egress policy (an ``egress_policy.EgressPolicy`` as JSON), so a pool lease gets "
@@ -211,6 +231,8 @@ class UnitOutputs(BaseModel):
         data["endpoint_token"] = self.token()
         if data["egress"] is None:
             del data["egress"]  # a unit without a policy exports what it did before the field existed
+        if data["port_forward"] is None:
+            del data["port_forward"]  # likewise: only a Kubernetes unit has one
         return data
 
 

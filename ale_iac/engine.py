@@ -46,7 +46,7 @@ from ale_iac.paths import ale_home
 from ale_iac.provider_host import MODULE as PROVIDER_HOST_MODULE
 from ale_iac.provider_host import ProviderHost
 from ale_iac.substrates import registry
-from ale_iac.toolchain import Toolchain, find_toolchain
+from ale_iac.toolchain import Toolchain, find_toolchain, kube_bin_dir
 
 PROJECT = "ale-iac"
 Program = Callable[[], None]
@@ -232,6 +232,10 @@ class Engine:
     def env_vars(self) -> dict[str, str]:
         """Environment for every CLI call (also what ``ale-iac doctor`` and tests use)."""
         path = os.pathsep.join([str(self.toolchain.bin_dir), os.environ.get("PATH", "")])
+        kube = kube_bin_dir()
+        if (kube / "pulumi-resource-kubernetes").is_file():
+            # The Kubernetes provider plugin that scripts/kube-cluster.sh built: the CLI takes it from PATH.
+            path = os.pathsep.join([str(kube), path])
         return {
             "PULUMI_BACKEND_URL": self.backend_url,
             "PULUMI_SKIP_UPDATE_CHECK": "true",

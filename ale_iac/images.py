@@ -443,8 +443,53 @@ def ensure_docker_image(name: str = "desktop", log: LogFn = stderr_log) -> str:
     return tag
 
 
-EXPORT_TARGETS = ("docker", "shared")
-"""Exports of a built rootfs this module makes: into the Docker engine, and for the host's other users. The
+# --- the image as an OCI archive (Kubernetes nodes, registries) -----------------------------------
+
+OCI_ARCHIVE = "oci.tar"
+OCI_LOCAL_PREFIX = "ale-iac.local"
+"""The name of an image imported into a node's containerd, never pulled: ``ale-iac.local/<name>:<hash12>``."""
+
+
+def oci_image_name(name: str, hash12: str, registry: str | None = None) -> str:
+    """What a pod's ``image`` is: ``<registry>/ale-iac/<name>:<hash12>`` once pushed to ``registry``, else the
+    local import's ``ale-iac.local/<name>:<hash12>``. The recipe hash names the image, as in the cache."""
+    if registry:
+        return f"{registry.rstrip('/')}/ale-iac/{name}:{hash12}"
+    return f"{OCI_LOCAL_PREFIX}/{name}:{hash12}"
+
+
+def ensure_oci_archive(name: str = "desktop", log: LogFn = stderr_log) -> Path:
+    """The built image ``name`` as an OCI archive (``<image folder>/oci.tar``, one uncompressed layer, named
+    :func:`oci_image_name`), written once per recipe hash under the image's lock; returns its path. Import it into
+    a node's containerd with ``ctr -n k8s.io images import`` or push it (docs/kubernetes.md)."""
+    from ale_iac.oci_archive import ImageConfig, write_archive
+
+    image = require_image(name)
+    target = image.path / OCI_ARCHIVE
+    if target.is_file():
+        return target
+    with locked(cache_dir() / f".oci-{image.ref}.lock", log):
+        if target.is_file():
+            return target
+        log(f"packing image {image.ref} as an OCI archive ({target})")
+        started = time.monotonic()
+        init = str(image.recipe.get("init", "/usr/local/sbin/ale-init"))
+        port = int(image.recipe.get("server_port", 8000))
+        config = ImageConfig(
+            cmd=[init, "--port", str(port)],
+            labels={f"{DOCKER_LABEL_PREFIX}image": image.name, f"{DOCKER_LABEL_PREFIX}image-hash": image.hash},
+        )
+        write_archive(image.rootfs, target, oci_image_name(image.name, image.hash), config)
+        log(
+            f"OCI archive of {image.ref} written in {time.monotonic() - started:.1f} s "
+            f"({target.stat().st_size >> 20} MiB)"
+        )
+    return target
+
+
+EXPORT_TARGETS = ("docker", "shared", "oci")
+"""Exports of a built rootfs this module makes: into the Docker engine, for the host's other users, and as an
+OCI archive (Kubernetes). The
 substrates add their own (``ale_iac.substrates.registry.export_targets``: one recipe, one cache, several
 exports)."""
 
@@ -456,4 +501,6 @@ def export_image(name: str, target: str, log: LogFn = stderr_log) -> str:
         raise AleIacError(f"unknown image export target {target!r} (known: {', '.join(EXPORT_TARGETS)})")
     if target == "shared":
         return str(publish_image(name, log=log))
+    if target == "oci":
+        return str(ensure_oci_archive(name, log=log))
     return ensure_docker_image(name, log=log)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute
+from ale_iac.cloud_routes import AliyunRoute, AwsRoute, GcloudRoute, KubernetesRoute
 from ale_iac.config_files import read_yaml, validate
 from ale_iac.contract import (
     LINUX_DESKTOP_PATHS,
@@ -208,7 +208,7 @@ class StaticRoute(StrictModel):
         return self
 
 
-AnyRoute = LocalRoute | DockerRoute | QemuRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute
+AnyRoute = LocalRoute | DockerRoute | QemuRoute | StaticRoute | GcloudRoute | AwsRoute | AliyunRoute | KubernetesRoute
 """The provider kinds: one route model each. The kind names and the declaring modules
 (``ale_iac.infra.<kind>``) derive from it; a new kind is a route model here plus that module."""
 Route = Annotated[AnyRoute, Field(discriminator="provider")]

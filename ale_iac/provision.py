@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from ale_iac.cloud_routes import KubernetesRoute
 from ale_iac.contract import UNITS_OUTPUT, UnitSpec, parse_units
 from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
@@ -50,6 +51,25 @@ def ensure_images(profile: Profile, log: Callable[[str], None] | None = None) ->
         image_build.build_image(name) if log is None else image_build.build_image(name, log=log)
     for substrate, routes in by_substrate.items():
         registry.get(substrate).prepare_images(routes, log)
+    if any(isinstance(route, KubernetesRoute) for route in profile.snapshots.values()):
+        ensure_kube_plugin()
+
+
+def ensure_kube_plugin() -> None:
+    """The Pulumi Kubernetes provider plugin (``scripts/kube-cluster.sh build provider``: built from the Go module
+    proxy on first need, ~10 min on 2 cores, then cached; its progress lines on stderr). The image is the
+    cluster's to have: imported into its nodes or pushed to its registry (docs/kubernetes.md)."""
+    import subprocess
+
+    from ale_iac.paths import project_root
+    from ale_iac.toolchain import kube_bin_dir
+
+    if (kube_bin_dir() / "pulumi-resource-kubernetes").is_file():
+        return
+    script = project_root() / "scripts" / "kube-cluster.sh"
+    done = subprocess.run(["bash", str(script), "build", "provider"], stdout=subprocess.DEVNULL, check=False)
+    if done.returncode != 0:
+        raise AleIacError(f"{script} build provider failed (exit {done.returncode}; its output is above)")
 
 
 def up_unit(

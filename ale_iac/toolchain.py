@@ -216,3 +216,37 @@ def find_toolchain() -> Toolchain:
         raise too_old
     where = f" (tried {', '.join(tried)})" if tried else ""
     raise PulumiNotFoundError(f"Pulumi CLI not found{where}: {install_hint()}")
+
+
+# ------------------------------------------------------------------------------------------- Kubernetes
+
+
+class KubectlNotFoundError(AleIacError):
+    """No kubectl could be found (the Kubernetes provider's units are reached through its port-forward)."""
+
+
+def kube_bin_dir() -> Path:
+    """Where ``scripts/kube-cluster.sh build`` puts the cluster's binaries, kubectl and the Pulumi Kubernetes
+    provider plugin: ``<cache>/kubernetes/v<KUBERNETES_VERSION>/bin`` (the pin of versions.env)."""
+    values = parse_versions(versions_file().read_text(encoding="utf-8"))
+    version = values.get("KUBERNETES_VERSION")
+    if not version:
+        raise VersionsFileError(f"{versions_file()} sets no KUBERNETES_VERSION")
+    return cache_root() / "kubernetes" / f"v{version}" / "bin"
+
+
+def find_kubectl() -> Path:
+    """``ALE_IAC_KUBECTL``, else the kubectl that kube-cluster.sh built, else ``kubectl`` on ``PATH``."""
+    named = os.environ.get("ALE_IAC_KUBECTL")
+    candidates = [Path(named)] if named else []
+    candidates.append(kube_bin_dir() / "kubectl")
+    found = shutil.which("kubectl")
+    if found:
+        candidates.append(Path(found))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise KubectlNotFoundError(
+        f"no kubectl (tried {', '.join(map(str, candidates))}): run scripts/kube-cluster.sh build cluster, "
+        "install kubectl, or set ALE_IAC_KUBECTL"
+    )

@@ -113,6 +113,19 @@ BIN_DIR=$(ALE_IAC_LANGUAGE_HOST_PYTHON="$VENV/bin/python" bash scripts/build-pul
 for tool in "$BIN_DIR"/pulumi*; do ln -sf "$tool" "$VENV/bin/$(basename "$tool")"; done
 step "Pulumi toolchain linked into .venv/bin"; done_step "$BIN_DIR"
 
+# -- 3b. the Kubernetes cluster and provider plugin (scripts/kube-cluster.sh) --------------------------
+# Built on first need, not here: by the kubernetes tests' fixture (tests/support/kube.py) or `ale-iac evaluate` on
+# a profile with a kubernetes route (provision.ensure_kube_plugin), ~25 min cold on 2 cores; a cached build is
+# reused in well under a second. This step only says which it will be.
+step "Kubernetes cluster + provider plugin"
+if [[ "$FOR" == demo ]]; then
+  done_step "not needed for the demo"
+elif KUBE_BIN=$(bash scripts/kube-cluster.sh build --check 2>/dev/null); then
+  done_step "cached in $KUBE_BIN"
+else
+  done_step "not built: the kubernetes tests build it on first need (scripts/kube-cluster.sh build)"
+fi
+
 # -- 4. images ---------------------------------------------------------------------------------
 step "image: desktop"
 IMAGE_T=$STEP_T

@@ -24,6 +24,7 @@ model_config  # unused variable (ale_iac/cloud_routes.py:62)
 _._ranges  # unused method (ale_iac/cloud_routes.py:96)
 _._ssh_ranges  # unused method (ale_iac/cloud_routes.py:101)
 _._zone  # unused method (ale_iac/cloud_routes.py:120)
+_._namespace  # unused method (ale_iac/cloud_routes.py: KubernetesRoute's validator)
 _._egress  # unused method (ale_iac/cloud_routes.py: a pydantic validator)
 _._guest_agent  # unused method (ale_iac/cloud_routes.py: a pydantic validator)
 _._forwarder  # unused method (ale_iac/profile.py: a pydantic validator, StaticRoute.forwarder)
@@ -122,3 +123,4 @@ BoundedProxy  # unused class (proxy.py's proxy plugin in its place, loaded by it
 _.before_upstream_connection  # unused method
 _.resolve_dns  # unused method
 _.on_access_log  # unused method
+close_all  # unused function (ale_iac/sandbox/portforward.py: registered with atexit)

@@ -28,10 +28,10 @@ from tests.support import leftovers, preconditions
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.support.fixtures", "tests.support.rootless"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.rootless", "tests.support.kube"]
 
 
-HEAVY_GROUPS = ("qemu", "real-cli-agents", "ale-claw", "evaluate-runs", "gc-crashes")
+HEAVY_GROUPS = ("qemu", "kubernetes", "real-cli-agents", "ale-claw", "evaluate-runs", "gc-crashes")
 """``xdist_group`` names, the longest first (``--durations=0`` of a whole run): their tests are collected first, so
 that ``--dist loadgroup`` hands each to a worker at the start and the short tests fill in around them, instead of
 the longest group starting wherever its first file falls and ending the run alone. Other groups follow these,

@@ -46,6 +46,16 @@ def doctor() -> None:
         subs.add_row(name, mark, detail)
     console.print(subs)
 
+    kube = Table(title="Kubernetes (the kubernetes provider kind: docs/kubernetes.md; optional)")
+    kube.add_column("check")
+    kube.add_column("ok")
+    kube.add_column("detail", overflow="fold")
+    from ale_iac.runner.kube_gc import cluster_rows
+
+    for name, ok, detail in cluster_rows():
+        kube.add_row(name, "yes" if ok else "[yellow]no[/yellow]", detail)
+    console.print(kube)
+
     clis = Table(title="Agent CLIs (for the claude_code and codex agents; installed on first use)")
     clis.add_column("CLI")
     clis.add_column("installed")

@@ -82,6 +82,8 @@ def gc(
         typer.echo(f"{'would remove' if dry_run else 'removed'} leftover agent container {container}")
     for pid in report.providers_killed:
         typer.echo(f"killed orphaned dynamic-provider process {pid}")
+    for pid in report.port_forwards_killed:
+        typer.echo(f"{'would kill' if dry_run else 'killed'} the orphaned port-forward of a killed run {pid}")
     _echo_folders(report, dry_run)
     for folder in report.warm_bridges_removed:
         typer.echo(f"{'would remove' if dry_run else 'removed'} the folder of a killed run's warm bridges {folder}")

@@ -32,7 +32,8 @@ def build(
             "ale-iac/<name>:<hash12> (once per recipe hash; nothing is pulled). Prints the tag. 'qcow2' makes "
             "a bootable QEMU guest disk with Debian's kernel and initramfs (once per recipe hash). 'gce', 'ec2', "
             "'ecs' make the cloud disk (GRUB, DHCP, the token from instance metadata: docs/clouds.md) as a GCE "
-            "disk.raw .tar.gz, an EC2 stream-optimized VMDK, an ECS qcow2. Prints its path.",
+            "disk.raw .tar.gz, an EC2 stream-optimized VMDK, an ECS qcow2. 'oci' packs it as an OCI archive for "
+            "Kubernetes nodes or a registry (docs/kubernetes.md). Prints its path.",
         ),
     ] = None,
 ) -> None:

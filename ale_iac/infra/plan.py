@@ -315,5 +315,5 @@ def shipped_plan_path(stack: str) -> Path:
     return stacks_dir() / "plans" / f"{stack}.txt"
 
 
-SHIPPED_PLAN_STACKS: Sequence[str] = ("gcloud", "aws", "aliyun", "pool-gcloud")
+SHIPPED_PLAN_STACKS: Sequence[str] = ("gcloud", "aws", "aliyun", "pool-gcloud", "kubernetes")
 """Stacks whose rendered plans are committed under ``stacks/plans/`` (a test keeps them current)."""

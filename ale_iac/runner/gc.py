@@ -31,7 +31,11 @@ from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
 from ale_iac.runner.run_claims import read_claims, runs_dir
+from ale_iac.sandbox.portforward import sweep_orphans as sweep_forward_orphans
 from ale_iac.substrates import egress, registry
+
+KUBERNETES = "kubernetes"
+"""The provider kind whose units gc finds by label on their clusters (not a host substrate)."""
 
 
 @dataclass
@@ -42,6 +46,8 @@ class GcReport:
     expired: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     providers_killed: list[int] = field(default_factory=list)
+    port_forwards_killed: list[int] = field(default_factory=list)
+    """kubectl port-forwards to Kubernetes units whose runner is gone (``sandbox.portforward.sweep_orphans``)."""
     warm_bridges_removed: list[str] = field(default_factory=list)
     private_dirs_removed: list[str] = field(default_factory=list)
     egress_proxies_stopped: list[str] = field(default_factory=list)
@@ -206,6 +212,8 @@ def _collect_substrate_units(
     it, a stack removed behind ale-iac's back), then what the substrates made that no unit owns any more. A
     unit of a stack that a live run claims, or that a live CLI is changing, may be mid-create: left alone."""
     referenced, busy = _accounted_for(engine, read_units, existing, live)
+    _collect_kube_objects(existing, referenced.get(KUBERNETES, set()), busy, dry_run, report)
+    report.port_forwards_killed = sweep_forward_orphans(dry_run=dry_run)
     for substrate in registry.all_substrates():
         listed = referenced.get(substrate.name, set())
         for unit in substrate.units():
@@ -217,6 +225,16 @@ def _collect_substrate_units(
         for left in substrate.leftovers():
             done = report.containers_removed if left.kind == "container" else report.sandboxes_stopped
             _remove(left.remove, left.what, left.name, done, dry_run, report)
+
+
+def _collect_kube_objects(
+    existing: set[str], referenced: set[str], busy: set[str], dry_run: bool, report: GcReport
+) -> None:
+    """Delete the Kubernetes objects of this home that no stack accounts for (``runner/kube_gc.py``)."""
+    from ale_iac.runner import kube_gc
+
+    for obj in kube_gc.sweep(existing, referenced, busy, report.errors):
+        _remove(functools.partial(kube_gc.delete, obj), obj.what, obj.what, report.sandboxes_stopped, dry_run, report)
 
 
 def _collect_egress_proxies(dry_run: bool, report: GcReport) -> None:

@@ -20,7 +20,14 @@ class SandboxHandle(UnitOutputs):
 
     @classmethod
     def from_outputs(cls, stack: str, outputs: UnitOutputs) -> SandboxHandle:
-        return cls(stack=stack, **outputs.model_dump())
+        """The unit's handle. A unit reached through a Kubernetes port-forward (``outputs.port_forward``) gets the
+        forward's local address as its endpoint, the forward opened here if this process has none to its pod."""
+        data = outputs.model_dump()
+        if outputs.port_forward is not None:
+            from ale_iac.sandbox.portforward import local_endpoint
+
+            data["endpoint"] = local_endpoint(outputs.port_forward)
+        return cls(stack=stack, **data)
 
     @classmethod
     def for_endpoint(cls, endpoint: str, os: OsName = "linux", token: str | None = None) -> SandboxHandle:

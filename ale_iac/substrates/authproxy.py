@@ -66,6 +66,30 @@ PAIR_TIMEOUT_S: Final = 30.0
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
+def unit_entry(
+    *,
+    python: str,
+    proxy_file: str,
+    token_file: str,
+    listen: str,
+    init: str,
+    server_port: int,
+    width: int,
+    height: int,
+    log_file: str = "/var/log/ale/authproxy.log",
+) -> list[str]:
+    """PID 1 of a container unit (the ``docker`` substrate's and the ``kubernetes`` provider's pods): this
+    forwarder in the background, on ``listen``, in front of the computer-server that the image's ``init`` runs on
+    the unit's ``127.0.0.1:server_port``, with the model and egress channels on the unit's loopback; ``init``
+    then replaces the shell, so it is PID 1 and reaps the forwarder too."""
+    proxy = (
+        f"{python} {proxy_file} --listen {listen} --upstream 127.0.0.1:{server_port} --token-file {token_file}"
+        f" --model-listen 127.0.0.1:{MODEL_PORT} --egress-listen 127.0.0.1:{EGRESS_PORT}"
+    )
+    start = f"exec {init} --host 127.0.0.1 --port {server_port} --width {int(width)} --height {int(height)}"
+    return ["/bin/sh", "-c", f"{proxy} >{log_file} 2>&1 & {start}"]
+
+
 def bearer_matches(header: bytes, token: bytes) -> bool:
     """Whether an ``Authorization`` header value is ``Bearer <token>`` (compared in constant time)."""
     return hmac.compare_digest(header, b"Bearer " + token)

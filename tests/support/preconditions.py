@@ -16,6 +16,9 @@ The markers (registered, with their meaning, in pyproject.toml):
   check itself runs scripts/dockerd.sh, before the test's fixtures, so a docker test never depends on another
   test (or fixture) having started the engine; and the desktop image (imported into the engine).
 * ``browser``: Debian's Chromium and its chromedriver (the report's tests that open pages).
+* ``kubernetes``: root, Debian's containerd, runc, ctr, busybox-static, openssl and the CNI plugins, Go (or the
+  cluster's binaries already built by ``scripts/kube-cluster.sh build``), the Pulumi CLI and the desktop image:
+  the session's ``kube_cluster`` fixture (tests/support/kube.py) builds, starts and stops the private cluster.
 * ``qemu``: root, QEMU (``qemu-system-x86_64``, ``qemu-img``) and the desktop image; the tests' fixtures
   make the image's qcow2 export and a saved memory state on first need (scripts/setup.sh makes neither).
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -161,6 +165,33 @@ def _qemu() -> str | None:
 
 
 @functools.cache
+def _kubernetes() -> str | None:
+    import shutil
+
+    from ale_iac.toolchain import kube_bin_dir
+
+    tools = ("containerd", "runc", "ctr", "openssl", "busybox", "curl")
+    failed = [f"{tool} is not installed" for tool in tools if shutil.which(tool) is None]
+    if not Path("/usr/lib/cni/bridge").exists():
+        failed.append("the CNI plugins are not installed (containernetworking-plugins)")
+    built = all(
+        (kube_bin_dir() / name).is_file() for name in ("kube-apiserver", "kubelet", "pulumi-resource-kubernetes")
+    )
+    if not built and shutil.which("go") is None:
+        failed.append("the cluster is not built and Go is not on PATH to build it (scripts/kube-cluster.sh build)")
+    for why in (_root(), _image(), _engine()):
+        if why is not None:
+            failed.append(why)
+    if failed:
+        return (
+            "the private Kubernetes cluster cannot run here: "
+            + "; ".join(failed)
+            + " (scripts/setup.sh installs the packages)"
+        )
+    return None
+
+
+@functools.cache
 def _agent_clis() -> str | None:
     import shutil
 
@@ -191,6 +222,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "sandbox": _sandbox,
     "docker": _docker,
     "qemu": _qemu,
+    "kubernetes": _kubernetes,
     "rootless": _rootless,
     "agent_clis": _agent_clis,
     "browser": _browser,

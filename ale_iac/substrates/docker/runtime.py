@@ -62,7 +62,7 @@ from ale_iac.docker_engine import client
 from ale_iac.errors import AleIacError
 from ale_iac.hostcheck import fit_cpu_quota
 from ale_iac.paths import home_id
-from ale_iac.substrates.authproxy import EGRESS_PORT, MODEL_PORT
+from ale_iac.substrates.authproxy import unit_entry
 from ale_iac.substrates.docker import walls
 
 if TYPE_CHECKING:
@@ -316,16 +316,16 @@ def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
 
 
 def _command(spec: DockerSandboxSpec) -> list[str]:
-    proxy = (
-        f"{PYTHON} {ALE_DIR}/{PROXY_FILE} --listen 0.0.0.0:{PROXY_PORT} "
-        f"--upstream 127.0.0.1:{SERVER_PORT} --token-file {ALE_DIR}/{TOKEN_FILE} --model-listen 127.0.0.1:{MODEL_PORT}"
-        f" --egress-listen 127.0.0.1:{EGRESS_PORT}"
+    return unit_entry(
+        python=PYTHON,
+        proxy_file=f"{ALE_DIR}/{PROXY_FILE}",
+        token_file=f"{ALE_DIR}/{TOKEN_FILE}",
+        listen=f"0.0.0.0:{PROXY_PORT}",
+        init=INIT,
+        server_port=SERVER_PORT,
+        width=spec.screen_width,
+        height=spec.screen_height,
     )
-    init = (
-        f"exec {INIT} --host 127.0.0.1 --port {SERVER_PORT} "
-        f"--width {int(spec.screen_width)} --height {int(spec.screen_height)}"
-    )
-    return ["/bin/sh", "-c", f"{proxy} >/var/log/ale/authproxy.log 2>&1 & {init}"]
 
 
 def _limits(spec: DockerSandboxSpec, host: HostResources) -> tuple[dict[str, Any], list[Limit]]:

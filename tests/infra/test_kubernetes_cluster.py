@@ -1,0 +1,256 @@
+"""The ``kubernetes`` provider kind for real: the real Pulumi engine (file backend), the real provider plugin
+built from the Go module proxy, a real single-node cluster on this host (tests/support/kube.py). A unit comes up
+as a walled pod, answers through the API server's port-forward only (behind its token), and goes away with its
+stack, leaving nothing of its own on the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ale_iac.cloud_routes import KubernetesRoute
+from ale_iac.contract import Shape, UnitSpec
+from ale_iac.engine import Engine
+from ale_iac.profile import Profile, resolve_profile
+from ale_iac.provision import destroy_stack, new_stack_name, up_unit
+from ale_iac.sandbox.readiness import wait_ready
+from tests.support.kube import KubeCluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.kubernetes,
+    pytest.mark.engine,
+    pytest.mark.xdist_group("kubernetes"),
+    pytest.mark.timeout(3900),  # a cold cache builds the cluster first (~23 min on 2 cores)
+]
+
+
+def kube_profile(cluster: KubeCluster, shape: Shape | None = None) -> Profile:
+    """The shipped ``kubernetes`` profile, pointed at the test cluster's kubeconfig (and given ``shape``: requests
+    are limits, and the 2-core node fits two units of the shipped 1 vCPU)."""
+    profile = resolve_profile("kubernetes").profile
+    update: dict[str, object] = {"kubeconfig": str(cluster.kubeconfig)}
+    if shape is not None:
+        update["shape"] = shape
+    routes = {
+        name: route.model_copy(update=update) if isinstance(route, KubernetesRoute) else route
+        for name, route in profile.snapshots.items()
+    }
+    return profile.model_copy(update={"snapshots": routes})
+
+
+def objects_of(cluster: KubeCluster, stack: str) -> list[str]:
+    listing = cluster.kubectl(
+        "get", "pods,secrets,configmaps,networkpolicies", "-A", "-o", "json", "-l", "managed-by=ale-iac"
+    )
+    items = json.loads(listing.stdout)["items"]
+    return [
+        f"{i['kind']}/{i['metadata']['name']}"
+        for i in items
+        if (i["metadata"].get("annotations") or {}).get("ale-iac/stack") == stack
+    ]
+
+
+def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_cluster: KubeCluster) -> None:
+    engine = Engine()
+    stack = new_stack_name("run", "kube")
+    started = time.monotonic()
+    handle = up_unit(engine, kube_profile(kube_cluster), stack, UnitSpec(name="u0"))
+    try:
+        up_s = time.monotonic() - started
+        report = asyncio.run(wait_ready(handle, 180))
+        ready_s = time.monotonic() - started
+        assert handle.endpoint.startswith("http://127.0.0.1:") and handle.port_forward is not None
+        namespace, pod = handle.resource_id.split("/")
+        spec = json.loads(kube_cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["seccompProfile"]["type"] == "Localhost"
+        [container] = spec["containers"]
+        assert container["securityContext"]["privileged"] is False and "ports" not in container
+        assert container["resources"]["limits"]["cpu"] == "1"
+        assert container["resources"]["limits"]["memory"] in {"2Gi", "2048Mi"}
+        # The token is in the Secret's data only: in no annotation, and nowhere in the pod.
+        token = handle.token()
+        assert token and len(token) >= 32
+        secrets = kube_cluster.kubectl("get", "secrets", "-n", namespace, "-o", "json").stdout
+        assert all(token not in json.dumps(s["metadata"]) for s in json.loads(secrets)["items"]), (
+            "the token is in a secret's metadata"
+        )
+        assert token not in kube_cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout
+        # Without the unit's token the forward leads nowhere: the forwarder refuses.
+        assert httpx.get(f"{handle.endpoint}/status", timeout=10).status_code == 401
+
+        async def inside() -> tuple[str, str]:
+            async with handle.client() as client:
+                tokens = await client.run_command("ls /var/run/secrets/kubernetes.io 2>&1; echo $?")
+                # the pod's routes: its bridge's /24 only, no default route (the pod reaches nothing beyond it)
+                routes = await client.run_command("awk '$2 == \"00000000\"' /proc/net/route | wc -l; id -u")
+                return tokens.stdout, routes.stdout
+
+        tokens, routes = asyncio.run(inside())
+        assert tokens.strip().endswith("2"), tokens  # no service-account token mounted
+        assert routes.split() == ["0", "0"], routes  # no default route; root in the pod (no user namespace)
+        # The recorded walls: seccomp and the network policy, as the cluster can (not) enforce it.
+        assert handle.labels["ale-seccomp"] == "localhost" and handle.labels["ale-network-policy"] == "not-enforced"
+        assert sorted(o.split("/")[0] for o in objects_of(kube_cluster, stack)) == [
+            "ConfigMap",
+            "NetworkPolicy",
+            "Pod",
+            "Secret",
+        ]
+    finally:
+        torn = time.monotonic()
+        destroy_stack(engine, stack)
+        teardown_s = time.monotonic() - torn
+    assert objects_of(kube_cluster, stack) == []
+    print(
+        f"\n[measure] kubernetes unit: pulumi up {up_s:.1f} s, ready (first answer) {ready_s:.1f} s after create "
+        f"(readiness poll {report.seconds:.1f} s), teardown {teardown_s:.1f} s",
+        file=sys.stderr,
+    )
+
+
+def test_the_demo_experiment_on_the_kubernetes_profile_scores_one(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    """``ale-iac evaluate examples/demo.yaml --profile kubernetes``: the scripted agent on every demo task, each
+    unit a pod reached through its port-forward, graded, destroyed."""
+    from ale_iac.runner.evaluation import run_experiment
+    from ale_iac.runner.experiment import load_experiment
+
+    assert str(kube_cluster.kubeconfig) == "/run/ale-iac-kube/admin.kubeconfig"  # what the shipped profile names
+    experiment = load_experiment(
+        REPO / "examples" / "demo.yaml", {"profile": "kubernetes", "output_root": str(tmp_path), "concurrency": 2}
+    )
+    summary = run_experiment(experiment)
+    assert {o.task for o in summary.outcomes} >= {"cli-log-stats", "gui-notepad", "mixed-clipboard-total"}
+    assert all(o.status == "succeeded" and o.score == 1.0 for o in summary.outcomes), summary.outcomes
+    for outcome in summary.outcomes:
+        record = json.loads((summary.run_dir / outcome.unit_id / "run.json").read_text())
+        assert record["cleanup"] == {"mode": "destroy", "outcome": "destroyed"}
+    assert Engine().list_stacks() == []
+    assert "kubernetes" in (summary.run_dir / "experiment.json").read_text()
+    assert objects_of_all(kube_cluster) == []
+
+
+def objects_of_all(cluster: KubeCluster) -> list[str]:
+    """Every object of ale-iac on the cluster but pods still terminating (deleted, within their grace period)."""
+    listing = json.loads(
+        cluster.kubectl(
+            "get", "pods,secrets,configmaps,networkpolicies", "-A", "-o", "json", "-l", "managed-by=ale-iac"
+        ).stdout
+    )
+    return [
+        f"{i['kind']}/{i['metadata']['name']}" for i in listing["items"] if not i["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> None:
+    """One stack of 20 units (no CPU requests: the node has 2 cores), every one ready through its own
+    port-forward at once, then destroyed, leaving nothing."""
+    from ale_iac.contract import parse_units
+    from ale_iac.infra.program import inline_program, pool_units
+    from ale_iac.profile import PoolSpec
+    from ale_iac.sandbox.handle import SandboxHandle
+
+    stack = "pool-twenty"
+    profile = kube_profile(kube_cluster, Shape(memory_gb=0.5))
+    engine = Engine()
+    resolved: list[dict[str, object]] = []
+    started = time.monotonic()
+    engine.up(stack, inline_program(profile, pool_units(PoolSpec(units=20), stack), stack, on_units=resolved.append))
+    try:
+        units = parse_units(resolved[-1])
+        assert len(units) == 20
+
+        async def ready(name: str) -> str:
+            handle = await asyncio.to_thread(SandboxHandle.from_outputs, stack, units[name])
+            await wait_ready(handle, 600)
+            return handle.endpoint
+
+        async def every() -> list[str]:
+            return list(await asyncio.gather(*(ready(name) for name in units)))
+
+        endpoints = asyncio.run(every())
+        all_ready_s = time.monotonic() - started
+        assert len(set(endpoints)) == 20  # a forward of its own each
+    finally:
+        engine.destroy(stack)
+    assert objects_of(kube_cluster, stack) == []
+    print(f"\n[measure] 20 kubernetes units: all ready {all_ready_s:.1f} s after the up began", file=sys.stderr)
+
+
+def test_the_model_channel_of_a_kubernetes_unit_goes_through_its_port_forward(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """The unit's 127.0.0.1:<model port> reaches, over a connection the host opened through the port-forward
+    (with the unit's token), only what the host joins it to: a Unix socket of the test's own. The pod itself
+    has no route out (its deny-all policy, and here no route off its bridge)."""
+    from ale_iac.substrates.authproxy import MODEL_PORT
+    from ale_iac.substrates.channel import ModelChannel
+    from ale_iac.substrates.relay import unix_connector
+
+    engine = Engine()
+    stack = new_stack_name("run", "kube-channel")
+    handle = up_unit(engine, kube_profile(kube_cluster, Shape(memory_gb=1)), stack, UnitSpec(name="u0"))
+    try:
+        asyncio.run(wait_ready(handle, 180))
+        assert handle.gateway_channel is not None
+        probe = (
+            "import socket\n"
+            f"with socket.create_connection(('127.0.0.1', {MODEL_PORT}), timeout=20) as c:\n"
+            "    c.sendall(b'ping-from-the-pod'); print('got', c.recv(100).decode())\n"
+        )
+        path = tmp_path / "model.sock"
+        # A request, then its answer, as a model's HTTP exchange is: a half-close (shutdown of one direction)
+        # does not cross a port-forward (containerd's copy ends the stream), so the socket answers on length.
+        with request_answering_socket(path, len(b"ping-from-the-pod"), b"pong-from-the-host") as received:
+
+            async def carried() -> str:
+                channel = ModelChannel(handle.endpoint, handle.token() or "", unix_connector(str(path)), pool=1)
+                await channel.open()
+                try:
+                    async with handle.client() as client:
+                        await client.write_text("/tmp/probe.py", probe)
+                        return (await client.run_command("python3 /tmp/probe.py", timeout=60)).stdout
+                finally:
+                    await channel.aclose()
+
+            assert asyncio.run(carried()).strip() == "got pong-from-the-host"
+        assert received == [b"ping-from-the-pod"]
+    finally:
+        destroy_stack(engine, stack)
+
+
+@contextlib.contextmanager
+def request_answering_socket(path: Path, length: int, reply: bytes) -> Iterator[list[bytes]]:
+    """A Unix socket at ``path`` that takes one connection, reads ``length`` bytes, answers ``reply`` and closes."""
+    received: list[bytes] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                data = b""
+                while len(data) < length and (chunk := conn.recv(100)):
+                    data += chunk
+                received.append(data)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            yield received
+        finally:
+            thread.join(timeout=30)
