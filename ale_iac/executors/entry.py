@@ -221,7 +221,10 @@ def _start_warm_bridges(spec: dict[str, Any]) -> WarmBridges | None:
     if not launches:
         return None
     first = launches[0]
-    warm = WarmBridges(ENTRY_BRIDGES, python=[first["command"]], env={**os.environ, **first["env"]})
+    try:
+        warm = WarmBridges(ENTRY_BRIDGES, python=[first["command"]], env={**os.environ, **first["env"]})
+    except OSError:  # no writable temporary folder for its socket
+        return None
     try:
         warm.start(wait=False)
     except OSError:
