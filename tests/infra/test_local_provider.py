@@ -146,8 +146,9 @@ def test_declare_unit_under_mocks(mocks: RecordingMocks, desktop_image: ImageInf
         assert parsed.paths == LINUX_DESKTOP_PATHS
         assert parsed.managed is True
         assert parsed.labels == {"run": "r1", "stack": "pytest-stack", "unit": "unit0", "profile": "local"}
-        # Every field, but egress: a unit without a policy exports none (UnitOutputs.to_output), as before the field.
-        assert set(value) == set(UnitOutputs.model_fields) - {"egress"}
+        # Every field, but egress and port_forward: a unit without a policy exports none, and only a Kubernetes unit
+        # has a port-forward (UnitOutputs.to_output), so a local unit exports what it did before the fields.
+        assert set(value) == set(UnitOutputs.model_fields) - {"egress", "port_forward"}
         inputs = sandbox.inputs
         assert sandbox.name == "unit0" and sandbox.parent is None
         assert inputs["rootfs"] == str(desktop_image.rootfs)
