@@ -6,13 +6,9 @@ stack, leaving nothing of its own on the cluster."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +20,7 @@ from ale_iac.engine import Engine
 from ale_iac.profile import Profile, resolve_profile
 from ale_iac.provision import destroy_stack, new_stack_name, up_unit
 from ale_iac.sandbox.readiness import wait_ready
+from tests.support.channel import answering_socket
 from tests.support.kube import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,7 +210,7 @@ def test_the_model_channel_of_a_kubernetes_unit_goes_through_its_port_forward(
         path = tmp_path / "model.sock"
         # A request, then its answer, as a model's HTTP exchange is: a half-close (shutdown of one direction)
         # does not cross a port-forward (containerd's copy ends the stream), so the socket answers on length.
-        with request_answering_socket(path, len(b"ping-from-the-pod"), b"pong-from-the-host") as received:
+        with answering_socket(path, b"pong-from-the-host", length=len(b"ping-from-the-pod")) as received:
 
             async def carried() -> str:
                 channel = ModelChannel(handle.endpoint, handle.token() or "", unix_connector(str(path)), pool=1)
@@ -229,28 +226,3 @@ def test_the_model_channel_of_a_kubernetes_unit_goes_through_its_port_forward(
         assert received == [b"ping-from-the-pod"]
     finally:
         destroy_stack(engine, stack)
-
-
-@contextlib.contextmanager
-def request_answering_socket(path: Path, length: int, reply: bytes) -> Iterator[list[bytes]]:
-    """A Unix socket at ``path`` that takes one connection, reads ``length`` bytes, answers ``reply`` and closes."""
-    received: list[bytes] = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(path))
-        server.listen(1)
-
-        def answer() -> None:
-            conn, _ = server.accept()
-            with conn:
-                data = b""
-                while len(data) < length and (chunk := conn.recv(100)):
-                    data += chunk
-                received.append(data)
-                conn.sendall(reply)
-
-        thread = threading.Thread(target=answer, daemon=True)
-        thread.start()
-        try:
-            yield received
-        finally:
-            thread.join(timeout=30)

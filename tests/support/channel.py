@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def answering_socket(path: Path, reply: bytes) -> Iterator[list[bytes]]:
-    """A Unix socket at ``path`` that takes one connection, reads it to its end, answers ``reply`` and closes.
+def answering_socket(path: Path, reply: bytes, length: int | None = None) -> Iterator[list[bytes]]:
+    """A Unix socket at ``path`` that takes one connection, reads it to its end (or ``length`` bytes: where a
+    half-close does not cross the way in, as a Kubernetes port-forward), answers ``reply`` and closes.
 
     Yields the list that receives what the connection sent; on leaving, waits (30 s at most) for the answer."""
     received: list[bytes] = []
@@ -23,7 +24,7 @@ def answering_socket(path: Path, reply: bytes) -> Iterator[list[bytes]]:
             conn, _ = server.accept()
             with conn:
                 data = b""
-                while chunk := conn.recv(100):
+                while (length is None or len(data) < length) and (chunk := conn.recv(100)):
                     data += chunk
                 received.append(data)
                 conn.sendall(reply)
