@@ -96,21 +96,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# step DESCRIPTION LOGFILE CMD...: run CMD with output to LOGFILE, report time.
-# Returns CMD's status; on failure the tail of the log goes to stderr.
-step() {
-    local desc="$1" logfile="$2" start=$SECONDS rc=0
-    shift 2
-    printf '[build-pulumi] %s ... ' "$desc" >&2
-    "$@" >"$logfile" 2>&1 || rc=$?
-    if [ "$rc" -eq 0 ]; then
-        printf 'done (%d s)\n' "$((SECONDS - start))" >&2
-    else
-        printf 'FAILED (%d s, exit %d)\n' "$((SECONDS - start))" "$rc" >&2
-        tail -n 30 "$logfile" | sed 's/^/    /' >&2
-    fi
-    return "$rc"
-}
+STEP_PREFIX=build-pulumi
+# shellcheck source=steps.sh
+. "$ROOT_DIR/scripts/steps.sh"  # step DESCRIPTION LOGFILE CMD...
 
 # cached_ok: the final dir holds a complete build of the pinned version.
 cached_ok() {
