@@ -231,11 +231,14 @@ class Engine:
 
     def env_vars(self) -> dict[str, str]:
         """Environment for every CLI call (also what ``ale-iac doctor`` and tests use)."""
-        path = os.pathsep.join([str(self.toolchain.bin_dir), os.environ.get("PATH", "")])
+        dirs = [str(self.toolchain.bin_dir)]
         kube = kube_bin_dir()
         if (kube / "pulumi-resource-kubernetes").is_file():
-            # The Kubernetes provider plugin that scripts/kube-cluster.sh built: the CLI takes it from PATH.
-            path = os.pathsep.join([str(kube), path])
+            # The Kubernetes provider plugin that scripts/kube-cluster.sh built: the CLI takes it from PATH. After
+            # the toolchain's folder, which stays first (``ale-iac env`` and the tests rely on it), whatever the
+            # cache holds.
+            dirs.append(str(kube))
+        path = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
         return {
             "PULUMI_BACKEND_URL": self.backend_url,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
