@@ -1,7 +1,7 @@
 # steps.sh: sourced by the build scripts (build-pulumi.sh, kube-cluster.sh) for their timed steps.
 #
 #   STEP_PREFIX=build-pulumi; . "$ROOT_DIR/scripts/steps.sh"
-#   step "building CLI v3.274.1" "$WORK/cli.log" go build ...
+#   step "building the CLI" "$WORK/cli.log" go build ...
 #
 # step DESCRIPTION LOGFILE CMD...: run CMD with its output in LOGFILE and report the time it took on stderr
 # ("[<prefix>] DESCRIPTION ... done (N s)"). Returns CMD's status; on failure the log's tail goes to stderr.

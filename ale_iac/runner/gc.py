@@ -84,6 +84,9 @@ def collect(
         # First: the plugin of a killed CLI may still be creating a sandbox that the sweeps below would miss.
         report.providers_killed = sweep_orphan_providers()
 
+    # Before the stacks go: a dead run's port-forward ends by itself once its pod is deleted, and one swept after
+    # the destroy may or may not be there yet (the count raced).
+    report.port_forwards_killed = sweep_forward_orphans(dry_run=dry_run)
     repairable = _repair_state(engine, dry_run, report)  # before anything reads the backend
     stacks = list(dict.fromkeys([s.name for s in engine.list_stacks()] + repairable))
     existing = set(stacks)
@@ -213,7 +216,6 @@ def _collect_substrate_units(
     unit of a stack that a live run claims, or that a live CLI is changing, may be mid-create: left alone."""
     referenced, busy = _accounted_for(engine, read_units, existing, live)
     _collect_kube_objects(existing, referenced.get(KUBERNETES, set()), busy, dry_run, report)
-    report.port_forwards_killed = sweep_forward_orphans(dry_run=dry_run)
     for substrate in registry.all_substrates():
         listed = referenced.get(substrate.name, set())
         for unit in substrate.units():
