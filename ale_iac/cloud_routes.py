@@ -319,7 +319,12 @@ class KubernetesRoute(BaseModel):
     screen_width: int = Field(default=1280, ge=320, le=7680)
     screen_height: int = Field(default=800, ge=240, le=4320)
     shape: Shape = Field(default_factory=Shape, description="Default shape: requests and limits of the pods.")
-    shm_gb: float = Field(default=1.0, gt=0, le=64, description="Size of /dev/shm (a memory-backed emptyDir).")
+    shm_gb: float = Field(
+        default=1.0,
+        gt=0,
+        le=64,
+        description="Size limit of /dev/shm (an emptyDir on the node's disk; the kubelet evicts past it).",
+    )
     ttl_hours: float = Field(default=24.0, gt=0, le=24 * 365, description="Expiry annotation: gc may reap it after.")
     reset: Literal["recreate", "none"] = Field(
         default="recreate",

@@ -270,6 +270,8 @@ KUBECONFIG_FILE="$STATE/admin.kubeconfig"
 SECCOMP_PROFILE="ale-iac/sandbox.json"
 # The kubelet's cgroups (kubepods and below) go under this root in every hierarchy, never beside a user's kubelet's.
 CGROUP_ROOT="ale-iac-kube"
+POD_PIDS_LIMIT=1024 # the kubelet's podPidsLimit: every pod's task limit (the isolation suite checks it)
+KUBELET_DISK_GB="${ALE_IAC_KUBE_KUBELET_DISK_GB:-32}" # the kubelet's own file system (kubelet_root_mount), sparse
 
 cgroup_dirs() { # the cgroup root's folder in each mounted hierarchy (v1: one per controller; v2: one)
     local m
@@ -457,7 +459,20 @@ imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 maxPods: 110
+podPidsLimit: $POD_PIDS_LIMIT
 EOF
+}
+
+# The kubelet's root folder (pods' emptyDir volumes, projected secrets, /etc/hosts) is a file system of its own:
+# a sparse ext4 image of KUBELET_DISK_GB mounted nosuid,nodev. A bind of a subfolder keeps its source mount's
+# flags, so every volume a pod gets is nosuid and nodev inside, and a setuid file a pod's root plants there runs
+# setuid nowhere; a pod's mountinfo names paths inside that file system only, none of the host's; and the pods'
+# volumes together can fill it, not the host's disk.
+kubelet_root_mount() {
+    truncate -s "${KUBELET_DISK_GB}G" "$STATE/kubelet.img"
+    mkfs.ext4 -q -F -m 0 -E lazy_itable_init=1,lazy_journal_init=1 "$STATE/kubelet.img"
+    mkdir -p "$STATE/kubelet"
+    mount -o loop,nosuid,nodev "$STATE/kubelet.img" "$STATE/kubelet"
 }
 
 ctr_() { ctr --address "$STATE/containerd/containerd.sock" "$@"; }
@@ -523,7 +538,7 @@ cmd_start() {
         return 0
     fi
     local f
-    for f in containerd runc ctr openssl curl /bin/busybox /usr/lib/cni/bridge /usr/lib/cni/host-local; do
+    for f in containerd runc ctr openssl curl mkfs.ext4 /bin/busybox /usr/lib/cni/bridge /usr/lib/cni/host-local; do
         command -v "$f" >/dev/null 2>&1 || die "missing $f (Debian: containerd runc busybox-static openssl curl containernetworking-plugins)"
     done
     for f in etcd "${KUBE_BINS[@]}"; do built "$f" || die "no $f in $BIN_DIR: run scripts/kube-cluster.sh build cluster"; done
@@ -534,6 +549,7 @@ cmd_start() {
     make_pki
     make_network
     containerd_config
+    kubelet_root_mount
     kubelet_config
     seccomp_profile
     launch containerd containerd --config "$STATE/containerd/config.toml"

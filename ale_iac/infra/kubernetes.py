@@ -12,7 +12,10 @@ Per unit, a ``ale-iac:kubernetes:Unit`` component parents:
   reached only through the API server's port-forward (``contract.PortForward``), never through the pod
   network, a NodePort or a LoadBalancer. Requests and limits from the shape (CPU, memory, ephemeral storage);
   no privilege, no privilege escalation, every capability dropped but the local substrate's set, a read-only
-  root with memory-backed or node-disk ``emptyDir`` volumes where the image writes, no service-account token,
+  root with node-disk ``emptyDir`` volumes where the image writes (``/dev/shm`` and ``/run`` included: the
+  kubelet mounts a memory-backed one as a fresh tmpfs that can be neither ``nosuid`` nor ``nodev``, while a
+  disk-backed one is a bind from the kubelet's folder and keeps that mount's flags, so a node whose kubelet
+  folder is mounted ``nosuid,nodev`` gives every writable mount of the unit both), no service-account token,
   no service links, the route's ``runtimeClassName``; seccomp: the project's policy as a ``Localhost`` profile
   where the route names one (the nodes have it), else ``RuntimeDefault`` (recorded either way);
 * ``<unit>-deny-egress``: a ``networking.v1.NetworkPolicy`` selecting the pod that denies all egress and all
@@ -85,10 +88,11 @@ SCRATCH = {
     "media": ("/media", None),
     "tmp": ("/tmp", None),
     "var-tmp": ("/var/tmp", None),
-    "run": ("/run", "Memory"),
+    "run": ("/run", None),
     "log": ("/var/log/ale", None),
 }
-"""emptyDir volumes (name -> mount point, medium) under the read-only root: the docker unit's volumes and tmpfs."""
+"""emptyDir volumes (name -> mount point, medium) under the read-only root: the docker unit's volumes and tmpfs.
+None is the node's disk: see the module's docstring for why nothing is memory-backed."""
 
 
 def image_name(route: KubernetesRoute) -> str:
@@ -185,9 +189,9 @@ def _volumes(secret: k8s.core.v1.Secret, forwarder: k8s.core.v1.ConfigMap, shm_g
                 ],
             ),
         ),
-        k8s.core.v1.VolumeArgs(
-            name="shm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(medium="Memory", size_limit=f"{shm_gb}Gi")
-        ),
+        # On the node's disk like the rest (not medium Memory: see the module's docstring); its size is bounded
+        # by the kubelet, which evicts a pod whose volume outgrows its sizeLimit.
+        k8s.core.v1.VolumeArgs(name="shm", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=f"{shm_gb}Gi")),
     ]
     for volume, (_, medium) in SCRATCH.items():
         volumes.append(

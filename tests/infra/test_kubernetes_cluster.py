@@ -14,14 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ale_iac.cloud_routes import KubernetesRoute
 from ale_iac.contract import Shape, UnitSpec
 from ale_iac.engine import Engine
-from ale_iac.profile import Profile, resolve_profile
 from ale_iac.provision import destroy_stack, new_stack_name, up_unit
 from ale_iac.sandbox.readiness import wait_ready
-from tests.support.channel import answering_socket
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, kube_profile, objects_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,32 +28,6 @@ pytestmark = [
     pytest.mark.xdist_group("kubernetes"),
     pytest.mark.timeout(3900),  # a cold cache builds the cluster first (~23 min on 2 cores)
 ]
-
-
-def kube_profile(cluster: KubeCluster, shape: Shape | None = None) -> Profile:
-    """The shipped ``kubernetes`` profile, pointed at the test cluster's kubeconfig (and given ``shape``: requests
-    are limits, and the 2-core node fits two units of the shipped 1 vCPU)."""
-    profile = resolve_profile("kubernetes").profile
-    update: dict[str, object] = {"kubeconfig": str(cluster.kubeconfig)}
-    if shape is not None:
-        update["shape"] = shape
-    routes = {
-        name: route.model_copy(update=update) if isinstance(route, KubernetesRoute) else route
-        for name, route in profile.snapshots.items()
-    }
-    return profile.model_copy(update={"snapshots": routes})
-
-
-def objects_of(cluster: KubeCluster, stack: str) -> list[str]:
-    listing = cluster.kubectl(
-        "get", "pods,secrets,configmaps,networkpolicies", "-A", "-o", "json", "-l", "managed-by=ale-iac"
-    )
-    items = json.loads(listing.stdout)["items"]
-    return [
-        f"{i['kind']}/{i['metadata']['name']}"
-        for i in items
-        if (i["metadata"].get("annotations") or {}).get("ale-iac/stack") == stack
-    ]
 
 
 def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_cluster: KubeCluster) -> None:
@@ -184,45 +155,3 @@ def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> N
         engine.destroy(stack)
     assert objects_of(kube_cluster, stack) == []
     print(f"\n[measure] 20 kubernetes units: all ready {all_ready_s:.1f} s after the up began", file=sys.stderr)
-
-
-def test_the_model_channel_of_a_kubernetes_unit_goes_through_its_port_forward(
-    kube_cluster: KubeCluster, tmp_path: Path
-) -> None:
-    """The unit's 127.0.0.1:<model port> reaches, over a connection the host opened through the port-forward
-    (with the unit's token), only what the host joins it to: a Unix socket of the test's own. The pod itself
-    has no route out (its deny-all policy, and here no route off its bridge)."""
-    from ale_iac.substrates.authproxy import MODEL_PORT
-    from ale_iac.substrates.channel import ModelChannel
-    from ale_iac.substrates.relay import unix_connector
-
-    engine = Engine()
-    stack = new_stack_name("run", "kube-channel")
-    handle = up_unit(engine, kube_profile(kube_cluster, Shape(memory_gb=1)), stack, UnitSpec(name="u0"))
-    try:
-        asyncio.run(wait_ready(handle, 180))
-        assert handle.gateway_channel is not None
-        probe = (
-            "import socket\n"
-            f"with socket.create_connection(('127.0.0.1', {MODEL_PORT}), timeout=20) as c:\n"
-            "    c.sendall(b'ping-from-the-pod'); print('got', c.recv(100).decode())\n"
-        )
-        path = tmp_path / "model.sock"
-        # A request, then its answer, as a model's HTTP exchange is: a half-close (shutdown of one direction)
-        # does not cross a port-forward (containerd's copy ends the stream), so the socket answers on length.
-        with answering_socket(path, b"pong-from-the-host", length=len(b"ping-from-the-pod")) as received:
-
-            async def carried() -> str:
-                channel = ModelChannel(handle.endpoint, handle.token() or "", unix_connector(str(path)), pool=1)
-                await channel.open()
-                try:
-                    async with handle.client() as client:
-                        await client.write_text("/tmp/probe.py", probe)
-                        return (await client.run_command("python3 /tmp/probe.py", timeout=60)).stdout
-                finally:
-                    await channel.aclose()
-
-            assert asyncio.run(carried()).strip() == "got pong-from-the-host"
-        assert received == [b"ping-from-the-pod"]
-    finally:
-        destroy_stack(engine, stack)

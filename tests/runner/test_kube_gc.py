@@ -18,8 +18,7 @@ from ale_iac.engine import Engine
 from ale_iac.provision import destroy_stack, new_stack_name, up_unit
 from ale_iac.runner import gc
 from ale_iac.sandbox.portforward import sweep_orphans
-from tests.infra.test_kubernetes_cluster import kube_profile, objects_of
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, kube_profile, objects_of
 from tests.support.tasks import make_preset, make_task
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,7 @@ from ale_iac.runner.resets import reset_of
 from ale_iac.runner.status import UnitStatus
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import wait_ready
-from tests.infra.test_kubernetes_cluster import objects_of
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, objects_of
 from tests.support.pools import lease_used_then_reset, plain_pulumi, pool_project
 
 pytestmark = [

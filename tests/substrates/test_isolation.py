@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from ale_iac.contract import UnitSpec
 from ale_iac.images import ImageInfo
 from ale_iac.substrates import isolation, registry
 from ale_iac.substrates.authproxy import MODEL_PORT
@@ -47,6 +49,7 @@ from ale_iac.substrates.qemu.isolation import NOT_APPLICABLE as QEMU_NOT_APPLICA
 from ale_iac.substrates.relay import unix_connector
 from ale_iac.substrates.seccomp import SANDBOX_POLICY
 from tests.support.channel import answering_socket
+from tests.support.kube import POD_NOT_APPLICABLE, KubeCluster, KubePodIsolation, kube_profile, objects_of
 from tests.support.rootless import HostUser, user_command
 from tests.support.sandbox import Endpoint, new_sandbox_id, run, wait_for_status
 from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
@@ -72,6 +75,8 @@ class SandboxUnderTest:
     endpoint: Endpoint
     owner: int = 0
     """The host user that started it (its state folders are that user's)."""
+    pids_limit: int = PIDS_LIMIT
+    """Its task limit (a pod's is the cluster's ``podPidsLimit``)."""
 
 
 def checks(check: str) -> Callable[[F], F]:
@@ -94,6 +99,16 @@ def applies(sut: SandboxUnderTest, check: str) -> None:
 DOCKER = pytest.param("docker", marks=pytest.mark.docker)
 QEMU = pytest.param("qemu", marks=[pytest.mark.qemu, pytest.mark.timeout(900)])
 """A first qemu unit may make the saved memory state: a cold boot under TCG, minutes on a loaded host."""
+KUBERNETES = pytest.param(
+    "kubernetes",
+    marks=[
+        pytest.mark.kubernetes,
+        pytest.mark.engine,
+        pytest.mark.xdist_group("kubernetes"),  # the worker that owns the test cluster
+        pytest.mark.timeout(3900),  # a cold cache builds the cluster first
+    ],
+)
+"""A pod of the ``kubernetes`` profile on the private test cluster, whose node is this host."""
 
 
 REASONS = {
@@ -101,6 +116,7 @@ REASONS = {
     "local-rootless": LOCAL_NOT_APPLICABLE,
     "docker": DOCKER_NOT_APPLICABLE,
     "qemu": QEMU_NOT_APPLICABLE,
+    "kubernetes": POD_NOT_APPLICABLE,
 }
 """Each substrate's reasons why a check does not apply (its probe's ``not_applicable``), by check."""
 
@@ -109,7 +125,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     check = getattr(metafunc.function, "isolation_check", None)
     if "sut" not in metafunc.fixturenames or check is None:
         return
-    kinds = [kind for kind in [*LOCAL_KINDS, DOCKER, QEMU] if check not in REASONS[_kind_of(kind)]]
+    kinds = [kind for kind in [*LOCAL_KINDS, DOCKER, QEMU, KUBERNETES] if check not in REASONS[_kind_of(kind)]]
     metafunc.parametrize("sut", kinds, indirect=True, scope="module")
 
 
@@ -119,6 +135,9 @@ def _kind_of(param: Any) -> str:
 
 @pytest.fixture(scope="module")
 def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
+    if request.param == "kubernetes":
+        yield from _kubernetes_sut(request.getfixturevalue("kube_cluster"), request)
+        return
     if request.param == "qemu":
         yield from _qemu_sut(desktop_image)
         return
@@ -194,6 +213,29 @@ def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
         yield SandboxUnderTest("qemu", registry.get("qemu").isolation_probe(state), endpoint)
     finally:
         qemu_runtime.stop(state.sandbox_id)
+
+
+def _kubernetes_sut(cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
+    """One unit of the shipped ``kubernetes`` profile, brought up by the real engine in an ale-iac home of its own
+    (the per-test home of ``tests/conftest.py`` comes and goes under a module-scoped unit)."""
+    from ale_iac.engine import Engine
+    from ale_iac.provision import destroy_stack, new_stack_name, up_unit
+
+    home = request.getfixturevalue("tmp_path_factory").mktemp("kube-isolation-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ALE_IAC_HOME", str(home))
+        engine = Engine(home=home)
+        stack = new_stack_name("run", "kube-isolation")
+        handle = up_unit(engine, kube_profile(cluster), stack, UnitSpec(name="u0"))
+        try:
+            endpoint = Endpoint(handle.endpoint, handle.token())
+            wait_for_status(endpoint)
+            namespace, pod = handle.resource_id.split("/")
+            probe = KubePodIsolation(cluster, namespace, pod)
+            yield SandboxUnderTest("kubernetes", probe, endpoint, pids_limit=probe.tasks_limit())
+        finally:
+            destroy_stack(engine, stack)
+            assert objects_of(cluster, stack) == []
 
 
 def sh(sut: SandboxUnderTest, command: str) -> dict[str, Any]:
@@ -358,7 +400,10 @@ def test_planted_setuid_files_never_reach_the_host(sut: SandboxUnderTest) -> Non
         raised = sh(sut, "setpriv --reuid=1000 --regid=1000 --clear-groups /root/suid-sh -c 'id -u'")
         assert raised["stdout"] == "1000\n", raised
     for root in sut.probe.host_paths():
-        _check_host_folder(root, sut.owner)
+        if sut.kind == "kubernetes":
+            _check_kubelet_folder(root, planted=["volumes/kubernetes.io~empty-dir/home/suid-sh"])
+        else:
+            _check_host_folder(root, sut.owner)
     # The sandbox's own file system is mounted in no host mount namespace but its own.
     sandbox_pids = set(sut.probe.host_pids())
     own = os.readlink("/proc/self/ns/mnt")
@@ -387,13 +432,29 @@ def _check_host_folder(root: Path, owner: int) -> None:
                 assert stat.S_IMODE(entry.st_mode) & 0o077 == 0, (name, oct(entry.st_mode))
 
 
+def _check_kubelet_folder(root: Path, planted: list[str]) -> None:
+    """The kubelet's folder of a pod, whose modes are the kubelet's (emptyDirs 0777, for any uid in the pod):
+    no host user but root reaches it (a folder above it is root's, 0700), and it is on a ``nosuid`` mount, so a
+    setuid file planted there (``planted``, relative to it: it is there, setuid root) raises no one on the
+    host."""
+    above = [folder for folder in root.parents if folder != Path("/")]
+    private = [f for f in above if (i := os.stat(f)).st_uid == 0 and stat.S_IMODE(i.st_mode) & 0o077 == 0]
+    assert private, f"every folder above {root} is open to other host users"
+    assert os.statvfs(root).f_flag & os.ST_NOSUID, f"{root} is on a mount without nosuid"
+    for name in planted:
+        info = os.lstat(root / name)
+        assert info.st_uid == 0 and info.st_mode & stat.S_ISUID, (name, oct(info.st_mode))
+
+
 @checks(isolation.NO_HOST_PATH)
 def test_no_host_path_is_visible_inside(sut: SandboxUnderTest) -> None:
     applies(sut, isolation.NO_HOST_PATH)
     mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
     for root in sut.probe.host_paths():
         assert str(root) not in mountinfo
-    assert str(Path.home()) + "/" not in mountinfo
+    # The home as a path of its own (a field, or a value in an overlay's options), not as the tail of another
+    # path's component: containerd's state folder is named `root` too (.../containerd/root/...).
+    assert not re.search(rf"(^|[\s=,:]){re.escape(str(Path.home()))}/", mountinfo, re.MULTILINE), mountinfo
     assert ".cache/ale-iac" not in mountinfo
 
 
@@ -414,7 +475,9 @@ def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
             fields = line.split()
             dash = fields.index("-")
             point, fstype, source = fields[4], fields[dash + 1], fields[dash + 2]
-            if fstype in OWN or (fstype == "ext4" and source.startswith("/dev/loop")):  # root mode's layer
+            # A file system of the unit's own: root mode's layer, a docker unit's volumes; a pod's volumes (binds of its
+            # folder in the kubelet's file system).
+            if fstype in OWN or (fstype == "ext4" and source.startswith("/dev/loop")):
                 own.add(point)
                 continue
             foreign.append([point, fstype])
@@ -437,7 +500,7 @@ def test_no_host_file_is_writable_inside(sut: SandboxUnderTest) -> None:
     )
     found = json.loads(probe["stdout"])
     assert found["writable"] == [], found
-    if sut.kind == "docker":
+    if sut.kind in ("docker", "kubernetes"):  # the engine's sysfs and cgroups, read-only
         return
     assert {point for point, _ in found["foreign"]} <= {
         "/dev/null",
@@ -557,18 +620,23 @@ def test_the_model_channel_leads_only_to_what_the_host_carries_it_to(sut: Sandbo
     """127.0.0.1:<model port> inside reaches, over a connection the host opened to the endpoint (with its
     token), only what the host joins it to: here a Unix socket of the test's own, which sees the bytes whole."""
     applies(sut, isolation.GATEWAY_CHANNEL)
+    # A half-close (shutdown of one direction) does not cross a Kubernetes port-forward (containerd's copy ends
+    # the whole stream), so a pod's request is answered on its length, as a model's HTTP exchange is.
+    half_close = sut.kind != "kubernetes"
     probe = f"""
         import socket
         try:
             with socket.create_connection(("127.0.0.1", {MODEL_PORT}), timeout=20) as c:
                 c.sendall(b"ping-from-the-sandbox")
-                c.shutdown(socket.SHUT_WR)
+                if {half_close}:
+                    c.shutdown(socket.SHUT_WR)
                 print("got", c.recv(100).decode() or "EOF")
         except OSError as exc:
             print("failed", exc.errno)
         """
     path = tmp_path / "model.sock"
-    with answering_socket(path, b"pong-from-the-host") as received:
+    length = None if half_close else len(b"ping-from-the-sandbox")
+    with answering_socket(path, b"pong-from-the-host", length=length) as received:
 
         async def carried() -> dict[str, Any]:
             channel = ModelChannel(sut.endpoint.url, sut.endpoint.token or "", unix_connector(str(path)), pool=1)
@@ -623,10 +691,10 @@ def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
     applies(sut, isolation.TASKS_BOUNDED)
     reply = python(
         sut,
-        """
+        f"""
         import subprocess
         children, refused = [], 0
-        for _ in range(400):
+        for _ in range({sut.pids_limit + 200}):
             try:
                 children.append(subprocess.Popen(["sleep", "60"]))
             except OSError:
@@ -638,8 +706,8 @@ def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
         """,
     )
     started, refused = (int(n) for n in reply["stdout"].split())
-    assert started < PIDS_LIMIT and refused > 0, reply
-    assert sut.probe.tasks_in_use() < PIDS_LIMIT
+    assert started < sut.pids_limit and refused > 0, reply
+    assert sut.probe.tasks_in_use() < sut.pids_limit
     # The sandbox still works once the burst is gone.
     assert sh(sut, "echo alive")["stdout"] == "alive\n"
 
@@ -648,10 +716,11 @@ def test_the_number_of_tasks_is_bounded(sut: SandboxUnderTest) -> None:
 def test_cgroups_and_cpu_placement_are_out_of_reach(sut: SandboxUnderTest) -> None:
     """No limit can be written away from inside. A local unit has no cgroup file system and a cgroup namespace
     of its own; a docker unit has its own cgroup mounted (cgroup v1: no cgroup namespace), but with the user
-    namespace every file of it belongs to a host uid it has no capability over."""
+    namespace every file of it belongs to a host uid it has no capability over; a pod's cgroups are mounted
+    read-only by its runtime."""
     applies(sut, isolation.CGROUPS_OUT_OF_REACH)
     mountinfo = sh(sut, "cat /proc/self/mountinfo")["stdout"]
-    if sut.kind == "docker":
+    if sut.kind in ("docker", "kubernetes"):
         writable = python(
             sut,
             """
@@ -856,3 +925,42 @@ def test_the_added_checks_fail_on_a_weakened_docker_unit(docker_image: str, monk
                 check(weak)
     finally:
         docker_runtime.stop(state.sandbox_id)
+
+
+@pytest.mark.kubernetes
+@pytest.mark.engine
+@pytest.mark.xdist_group("kubernetes")
+@pytest.mark.timeout(3900)
+def test_the_added_checks_fail_on_a_weakened_kubernetes_unit(
+    kube_cluster: KubeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seccomp and ``nosuid`` checks are not vacuous on a pod: on a unit declared without those walls (the
+    runtime's default seccomp profile instead of the project's policy, and ``/run`` a memory-backed emptyDir,
+    which the kubelet mounts as a fresh tmpfs without ``nosuid``), each of them fails."""
+    from ale_iac.engine import Engine
+    from ale_iac.infra import kubernetes as kube_infra
+    from ale_iac.provision import destroy_stack, new_stack_name, up_unit
+
+    monkeypatch.setitem(kube_infra.SCRATCH, "run", ("/run", "Memory"))
+    profile = kube_profile(kube_cluster)
+    profile = profile.model_copy(
+        update={
+            "snapshots": {n: r.model_copy(update={"seccomp_localhost": None}) for n, r in profile.snapshots.items()}
+        }
+    )
+    engine = Engine()
+    stack = new_stack_name("run", "kube-weakened")
+    handle = up_unit(engine, profile, stack, UnitSpec(name="u0"))
+    try:
+        endpoint = Endpoint(handle.endpoint, handle.token())
+        wait_for_status(endpoint)
+        namespace, pod = handle.resource_id.split("/")
+        weak = SandboxUnderTest("kubernetes", KubePodIsolation(kube_cluster, namespace, pod), endpoint)
+        assert handle.labels["ale-seccomp"] == "runtimedefault"
+        with pytest.raises(AssertionError):
+            check_seccomp_families(weak)
+        with pytest.raises(AssertionError, match="'/run', 'tmpfs'"):
+            check_writable_mounts_nosuid(weak)
+    finally:
+        destroy_stack(engine, stack)
+    assert objects_of(kube_cluster, stack) == []
