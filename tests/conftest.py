@@ -90,8 +90,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not preconditions.markers_of(item):
             item.add_marker(pytest.mark.fast)
-    if grouping(config) and not shuffled(config):
-        items.sort(key=_schedule_rank)  # stable: the same order on every worker, as xdist requires
+
+
+class _Scheduler:
+    """The heavy groups first, sorted last of every ``pytest_collection_modifyitems``: pytest's own (its fixtures
+    plugin) groups the tests of a module-scoped parameter together, which put four ungrouped tests among the
+    ``kubernetes`` case of the isolation suite. The sort is stable, so that grouping holds within each rank."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if grouping(config) and not shuffled(config):
+            items.sort(key=_schedule_rank)  # stable: the same order on every worker, as xdist requires
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Scheduler(), "ale-iac-scheduler")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -93,6 +93,7 @@ class WarmBridges:
         self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.socket_path = self._folder / SOCKET_NAME
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = False
 
     @property
     def env(self) -> dict[str, str]:
@@ -113,17 +114,27 @@ class WarmBridges:
             close_fds=True,
             env=self._env,
         )
-        if wait:
-            self._wait_ready()
+        if wait and not self.wait_ready(START_TIMEOUT_S):
+            self.close()
+            raise RuntimeError(f"the warm bridge process did not import the bridges within {START_TIMEOUT_S:.0f} s")
 
-    def _wait_ready(self) -> None:
-        """Block until the warm process has imported the bridges (or fail, and stop it)."""
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the warm process to have imported the bridges: True once it has (also
+        on every later call), False while it is still importing (a bridge asked for meanwhile waits for it). A
+        process that ends without importing is stopped, and its socket removed, and raises: then each bridge
+        imports for itself."""
+        if self._ready:
+            return True
         assert self._proc is not None and self._proc.stdout is not None
-        ready, _, _ = select.select([self._proc.stdout], [], [], START_TIMEOUT_S)
-        line = self._proc.stdout.readline() if ready else b""
+        readable, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        if not readable:
+            return False
+        line = self._proc.stdout.readline()
         if line.strip() != b"ready":
             self.close()
             raise RuntimeError(f"the warm bridge process did not start (it printed {line!r})")
+        self._ready = True
+        return True
 
     def close(self) -> None:
         proc, self._proc = self._proc, None

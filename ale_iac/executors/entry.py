@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from ale_iac.agent_sdk.config import AgentConfig, AgentRunResult, BridgeKind, TaskPaths
 from ale_iac.agent_sdk.deployer import load_deployer_class
-from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess
+from ale_iac.agent_sdk.executor import BridgeLaunch, ModelAccess, Runnable
 from ale_iac.bridges.warm import ENTRY_BRIDGES, WarmBridges
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, ENDPOINT_TOKEN_FILE_ENV, UnitOutputs
 from ale_iac.errors import ConfigError
@@ -213,10 +213,11 @@ def _redactor(values: list[str]) -> Any:
 
 
 def _start_warm_bridges(spec: dict[str, Any]) -> WarmBridges | None:
-    """A warm bridge process for the bundle's bridges (``python -m ale_iac.bridges``), started at once and not
-    waited for: it imports the bridges while the deployer and its CLI start, once for both bridges, and the
-    bridges the CLI asks for are forked from it (``ale_iac/bridges/warm.py``). Their launches are told where it
-    listens. None where no bridge is the bundle's, or it cannot start (then each bridge imports for itself)."""
+    """A warm bridge process for the bundle's bridges (``python -m ale_iac.bridges``), started at once: it imports
+    the bridges while the deployer installs, once for both bridges, and the bridges the CLI asks for are forked
+    from it (``ale_iac/bridges/warm.py``). Their launches are told where it listens. None where no bridge is the
+    bundle's, or it cannot start (then each bridge imports for itself). The CLI is launched once the imports
+    are done (:class:`_BridgesFirst`)."""
     launches = [b for b in (spec.get("bridges") or {}).values() if list(b["args"][:2]) == ["-m", ENTRY_BRIDGES]]
     if not launches:
         return None
@@ -235,18 +236,44 @@ def _start_warm_bridges(spec: dict[str, Any]) -> WarmBridges | None:
     return warm
 
 
+class _BridgesFirst:
+    """The deployer, launched only once the warm bridges have imported.
+
+    A CLI gives each MCP bridge a fixed time to answer from the moment it starts it (Claude Code at most 60 s),
+    and on a unit of one vCPU the bridges' imports and the CLI's own start share that CPU: in a TCG guest under
+    load the imports ran past the CLI's limit and Claude Code went on without the ``cua`` bridge (its init:
+    ``"cua": "pending"``). Imported first, a bridge is forked at once when the CLI asks for it. On one CPU
+    nothing is lost by the order; where there are more, the imports' second or so."""
+
+    def __init__(self, deployer: Runnable, warm: WarmBridges) -> None:
+        self.deployer = deployer
+        self.warm = warm
+
+    async def install(self) -> None:
+        await self.deployer.install()
+        # Short waits, so that the agent's own limit (which cancels this) is kept to the second.
+        with contextlib.suppress(RuntimeError):  # it died: each bridge imports for itself
+            while not await asyncio.to_thread(self.warm.wait_ready, 1.0):
+                pass
+
+    async def launch(self, prompt: str) -> AgentRunResult:
+        return await self.deployer.launch(prompt)
+
+
 async def run(spec: dict[str, Any], work_dir: Path) -> AgentRunResult:
     secrets_path = Path(spec.get("secrets_file") or work_dir / SECRETS_FILE)
     secrets = _read_secrets(secrets_path, list(spec.get("secret_env") or []))
     warm = _start_warm_bridges(spec)  # after the secrets left the environment: it inherits what remains
     try:
-        return await _run(spec, work_dir, secrets)
+        return await _run(spec, work_dir, secrets, warm)
     finally:
         if warm is not None:
             warm.close()
 
 
-async def _run(spec: dict[str, Any], work_dir: Path, secrets: dict[str, str]) -> AgentRunResult:
+async def _run(
+    spec: dict[str, Any], work_dir: Path, secrets: dict[str, str], warm: WarmBridges | None
+) -> AgentRunResult:
     own = {MODEL_TOKEN_SECRET, ENDPOINT_TOKEN_ENV}
     _start_relays(list(spec.get("relays") or []))
     config = AgentConfig.model_validate(spec["config"])
@@ -264,7 +291,9 @@ async def _run(spec: dict[str, Any], work_dir: Path, secrets: dict[str, str]) ->
     executor.endpoint_token = secrets.get(ENDPOINT_TOKEN_ENV, "")
     if spec.get("private_dir"):
         executor.private = PrivateDir(spec["private_dir"])
-    deployer = load_deployer_class(config)(executor)
+    deployer: Runnable = load_deployer_class(config)(executor)
+    if warm is not None:
+        deployer = _BridgesFirst(deployer, warm)
     return await executor.run_deployer(deployer, str(spec["prompt"]), float(spec["timeout_s"]))
 
 

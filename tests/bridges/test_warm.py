@@ -19,6 +19,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from ale_iac.bridges.warm import ENTRY, ENTRY_BRIDGES, WARM_ENV, WarmBridges, sweep_stale
+from tests.support.bridges import gated_python
 from tests.support.sandbox import Endpoint
 
 pytestmark = pytest.mark.sandbox
@@ -117,8 +118,9 @@ def test_without_a_warm_process_the_bridge_runs_itself(
 def test_a_bridge_asked_for_while_the_warm_process_imports_is_forked_by_it(
     computer_server_endpoint: Endpoint,
 ) -> None:
-    """The agent's entry does not wait for its warm process (``start(wait=False)``): the socket listens before
-    the imports, so a bridge asked for meanwhile waits in the backlog and is forked, not started anew."""
+    """A warm process started without waiting (``start(wait=False)``, as the agent's entry starts it, to import
+    while the deployer installs): the socket listens before the imports, so a bridge asked for meanwhile waits in
+    the backlog and is forked, not started anew."""
     warm = WarmBridges(ENTRY_BRIDGES)
     warm.start(wait=False)
     try:
@@ -209,3 +211,24 @@ def test_gc_spares_the_folder_of_a_live_run_whose_warm_process_is_still_starting
         assert starting.socket_path.exists()
     finally:
         starting.close()
+
+
+def test_wait_ready_says_whether_the_imports_are_done(tmp_path: Path) -> None:
+    warm = WarmBridges(ENTRY_BRIDGES, python=gated_python(tmp_path / "gate"))
+    warm.start(wait=False)
+    try:
+        assert warm.wait_ready(0.2) is False  # still starting: it waits for the gate
+        (tmp_path / "gate").touch()
+        assert warm.wait_ready(120) is True
+        assert warm.wait_ready(0) is True  # and so on every later call
+    finally:
+        warm.close()
+
+
+def test_a_warm_process_that_ends_without_importing_raises_and_leaves_no_folder() -> None:
+    warm = WarmBridges(ENTRY_BRIDGES, python=["/bin/sh", "-c", "exit 3"])
+    warm.start(wait=False)
+    with pytest.raises(RuntimeError, match="did not start"):
+        warm.wait_ready(60)
+    assert not warm.socket_path.parent.exists()
+    warm.close()

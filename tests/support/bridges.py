@@ -116,3 +116,9 @@ def open_bridge(
         portal.wrap_async_context_manager(session()) as live,
     ):
         yield Bridge(portal, live, kind)
+
+
+def gated_python(gate: Path) -> list[str]:
+    """An interpreter that starts only once ``gate`` exists: a warm process still importing, for as long as a
+    test needs."""
+    return ["/bin/sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; exec "$0" "$@"', sys.executable]
