@@ -539,7 +539,7 @@ cmd_start() {
     fi
     local f
     for f in containerd runc ctr openssl curl mkfs.ext4 /bin/busybox /usr/lib/cni/bridge /usr/lib/cni/host-local; do
-        command -v "$f" >/dev/null 2>&1 || die "missing $f (Debian: containerd runc busybox-static openssl curl containernetworking-plugins)"
+        command -v "$f" >/dev/null 2>&1 || die "missing $f (Debian: containerd runc busybox-static openssl curl e2fsprogs containernetworking-plugins)"
     done
     for f in etcd "${KUBE_BINS[@]}"; do built "$f" || die "no $f in $BIN_DIR: run scripts/kube-cluster.sh build cluster"; done
     [ -e "$STATE" ] && cmd_stop
