@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -132,10 +132,22 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
 # --- the provider process -----------------------------------------------------------------------
 
 
-def socket_uid(peer: str) -> int | None:
+ESTABLISHED = "01"
+"""A connection's state in ``/proc/net/tcp*`` (``st``): only a live connection names its owner. A closed one
+of the same local port in TIME_WAIT is listed with uid 0 (the kernel keeps no owner for it), and a port can
+also carry connections to other servers: such a row, read first, once refused a normal user's own CLI as
+"caller's uid 0" in a shuffled suite run."""
+
+
+def socket_uid(
+    peer: str,
+    server_ports: Collection[int] | None = None,
+    tables: Sequence[str] = ("/proc/net/tcp", "/proc/net/tcp6"),
+) -> int | None:
     """The uid owning the calling end of a loopback TCP connection, from a grpc peer string
     (``ipv4:127.0.0.1:PORT`` or ``ipv6:[::1]:PORT``); None if it is not found. An IPv4 caller may sit on
-    a dual-stack socket, listed in ``tcp6`` under its v4-mapped address."""
+    a dual-stack socket, listed in ``tcp6`` under its v4-mapped address. Only established connections count,
+    and with ``server_ports`` only those to one of them (the ports this server listens on)."""
     kind, _, rest = peer.partition(":")
     host, _, port = rest.rpartition(":")
     try:
@@ -149,15 +161,24 @@ def socket_uid(peer: str) -> int | None:
         wanted = {f"{address}:{int(port):04X}" for address in candidates}
     except (OSError, ValueError):
         return None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in tables:
         with contextlib.suppress(OSError), open(table) as handle:
             next(handle, None)
             for row in handle:
                 fields = row.split()
                 # sl local_address rem_address st tx:rx tr:when retrnsmt uid ...
-                if len(fields) > 7 and fields[1] in wanted:
+                if len(fields) <= 7 or fields[1] not in wanted or fields[3] != ESTABLISHED:
+                    continue
+                if server_ports is None or int(fields[2].rpartition(":")[2], 16) in server_ports:
                     return int(fields[7])
     return None
+
+
+def _listening_ports() -> set[int]:
+    """The TCP ports this process listens on (the provider server's)."""
+    import psutil
+
+    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def _proc_net_hex(packed: bytes) -> str:
@@ -233,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         return plain_server(
             futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="provider"),
             options=options,
-            interceptors=[_own_uid_only(socket_uid)],
+            interceptors=[_own_uid_only(lambda peer: socket_uid(peer, _listening_ports()))],
         )
 
     grpc.server = server

@@ -175,3 +175,21 @@ def test_an_engine_dropped_without_close_stops_its_provider_process(tmp_path: Pa
     del engine
     gc.collect()
     assert not procs.alive(host)
+
+
+def test_socket_uid_takes_only_a_live_connection_to_this_server(tmp_path: Path) -> None:
+    """A closed connection of the same local port (TIME_WAIT, which the kernel lists as uid 0) and a live one
+    of that port to another server come before the caller's own row: neither is taken for it."""
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    caller, server, other = "0100007F:A1B2", "0100007F:1F90", "0100007F:2328"  # 127.0.0.1:41394, :8080, :9000
+    rows = [
+        f"   0: {caller} {server} 06 00000000:00000000 03:00000F9F 00000000     0        0 0 3\n",  # TIME_WAIT
+        f"   1: {caller} {other} 01 00000000:00000000 00:00000000 00000000     0        0 11 1\n",  # root, elsewhere
+        f"   2: {caller} {server} 01 00000000:00000000 00:00000000 00000000  1001        0 12 1\n",
+    ]
+    table = tmp_path / "tcp"
+    table.write_text(header + "".join(rows))
+    peer = f"ipv4:127.0.0.1:{0xA1B2}"
+    assert socket_uid(peer, {0x1F90}, tables=[str(table)]) == 1001
+    assert socket_uid(peer, tables=[str(table)]) == 0  # without the server's ports: the other live connection
+    assert socket_uid(peer, {0x1F91}, tables=[str(table)]) is None
