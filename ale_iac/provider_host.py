@@ -174,11 +174,20 @@ def socket_uid(
     return None
 
 
-def _listening_ports() -> set[int]:
-    """The TCP ports this process listens on (the provider server's)."""
+def _own_server_ports() -> Callable[[], set[int]]:
+    """The TCP ports this process listens on (the provider server's), read once: they are bound before the
+    first call arrives and stay so, and a call is no place to scan the process's sockets again."""
     import psutil
 
-    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    ports: set[int] = set()
+
+    def get() -> set[int]:
+        if not ports:
+            conns = psutil.Process().net_connections(kind="tcp")
+            ports.update(c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN)
+        return ports
+
+    return get
 
 
 def _proc_net_hex(packed: bytes) -> str:
@@ -248,13 +257,14 @@ def main(argv: list[str] | None = None) -> None:
     import grpc
 
     plain_server = grpc.server
+    server_ports = _own_server_ports()
 
     def server(_executor: Any = None, *, options: Any = None, **kwargs: Any) -> Any:
         del kwargs  # the SDK passes nothing else
         return plain_server(
             futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="provider"),
             options=options,
-            interceptors=[_own_uid_only(lambda peer: socket_uid(peer, _listening_ports()))],
+            interceptors=[_own_uid_only(lambda peer: socket_uid(peer, server_ports()))],
         )
 
     grpc.server = server

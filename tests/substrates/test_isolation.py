@@ -15,6 +15,7 @@ for which the sandbox has no route, so they fail before any packet is sent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import pytest
 
 from ale_iac.contract import UnitSpec
 from ale_iac.images import ImageInfo
+from ale_iac.profile import Profile
 from ale_iac.substrates import isolation, registry
 from ale_iac.substrates.authproxy import MODEL_PORT
 from ale_iac.substrates.channel import ModelChannel
@@ -77,6 +79,8 @@ class SandboxUnderTest:
     """The host user that started it (its state folders are that user's)."""
     pids_limit: int = PIDS_LIMIT
     """Its task limit (a pod's is the cluster's ``podPidsLimit``)."""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What its handle records (a pod's seccomp profile, its network policy)."""
 
 
 def checks(check: str) -> Callable[[F], F]:
@@ -218,24 +222,31 @@ def _qemu_sut(desktop_image: ImageInfo) -> Iterator[SandboxUnderTest]:
 def _kubernetes_sut(cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[SandboxUnderTest]:
     """One unit of the shipped ``kubernetes`` profile, brought up by the real engine in an ale-iac home of its own
     (the per-test home of ``tests/conftest.py`` comes and goes under a module-scoped unit)."""
-    from ale_iac.engine import Engine
-    from ale_iac.provision import destroy_stack, new_stack_name, up_unit
-
     home = request.getfixturevalue("tmp_path_factory").mktemp("kube-isolation-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ALE_IAC_HOME", str(home))
-        engine = Engine(home=home)
-        stack = new_stack_name("run", "kube-isolation")
-        handle = up_unit(engine, kube_profile(cluster), stack, UnitSpec(name="u0"))
-        try:
-            endpoint = Endpoint(handle.endpoint, handle.token())
-            wait_for_status(endpoint)
-            namespace, pod = handle.resource_id.split("/")
-            probe = KubePodIsolation(cluster, namespace, pod)
-            yield SandboxUnderTest("kubernetes", probe, endpoint, pids_limit=probe.tasks_limit())
-        finally:
-            destroy_stack(engine, stack)
-            assert objects_of(cluster, stack) == []
+        yield from _pod_under_test(cluster, kube_profile(cluster), "kube-isolation", home)
+
+
+def _pod_under_test(
+    cluster: KubeCluster, profile: Profile, name: str, home: Path | None = None
+) -> Iterator[SandboxUnderTest]:
+    """A unit of ``profile`` on the test cluster as the suite sees it, destroyed afterwards, leaving nothing."""
+    from ale_iac.engine import Engine
+    from ale_iac.provision import destroy_stack, new_stack_name, up_unit
+
+    engine = Engine(home=home)
+    stack = new_stack_name("run", name)
+    handle = up_unit(engine, profile, stack, UnitSpec(name="u0"))
+    try:
+        endpoint = Endpoint(handle.endpoint, handle.token())
+        wait_for_status(endpoint)
+        namespace, pod = handle.resource_id.split("/")
+        probe = KubePodIsolation(cluster, namespace, pod)
+        yield SandboxUnderTest("kubernetes", probe, endpoint, pids_limit=probe.tasks_limit(), labels=handle.labels)
+    finally:
+        destroy_stack(engine, stack)
+        assert objects_of(cluster, stack) == []
 
 
 def sh(sut: SandboxUnderTest, command: str) -> dict[str, Any]:
@@ -937,9 +948,7 @@ def test_the_added_checks_fail_on_a_weakened_kubernetes_unit(
     """The seccomp and ``nosuid`` checks are not vacuous on a pod: on a unit declared without those walls (the
     runtime's default seccomp profile instead of the project's policy, and ``/run`` a memory-backed emptyDir,
     which the kubelet mounts as a fresh tmpfs without ``nosuid``), each of them fails."""
-    from ale_iac.engine import Engine
     from ale_iac.infra import kubernetes as kube_infra
-    from ale_iac.provision import destroy_stack, new_stack_name, up_unit
 
     monkeypatch.setitem(kube_infra.SCRATCH, "run", ("/run", "Memory"))
     profile = kube_profile(kube_cluster)
@@ -948,19 +957,9 @@ def test_the_added_checks_fail_on_a_weakened_kubernetes_unit(
             "snapshots": {n: r.model_copy(update={"seccomp_localhost": None}) for n, r in profile.snapshots.items()}
         }
     )
-    engine = Engine()
-    stack = new_stack_name("run", "kube-weakened")
-    handle = up_unit(engine, profile, stack, UnitSpec(name="u0"))
-    try:
-        endpoint = Endpoint(handle.endpoint, handle.token())
-        wait_for_status(endpoint)
-        namespace, pod = handle.resource_id.split("/")
-        weak = SandboxUnderTest("kubernetes", KubePodIsolation(kube_cluster, namespace, pod), endpoint)
-        assert handle.labels["ale-seccomp"] == "runtimedefault"
+    for weak in _pod_under_test(kube_cluster, profile, "kube-weakened"):
+        assert weak.labels["ale-seccomp"] == "runtimedefault"
         with pytest.raises(AssertionError):
             check_seccomp_families(weak)
         with pytest.raises(AssertionError, match="'/run', 'tmpfs'"):
             check_writable_mounts_nosuid(weak)
-    finally:
-        destroy_stack(engine, stack)
-    assert objects_of(kube_cluster, stack) == []
