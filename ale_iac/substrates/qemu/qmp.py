@@ -55,7 +55,26 @@ class _Lines:
             self.sock.close()
 
 
-def _connect(path: Path) -> socket.socket:
+LISTEN_PATIENCE_S = 10.0
+"""How long a refused connection is retried: QEMU makes a chardev's socket file at ``bind()`` and accepts only
+after ``listen()``, so a caller that saw the file appear can still be refused for a moment (on a loaded host,
+long enough to matter: it failed a CI run)."""
+
+
+def _connect(path: Path, patience: float = LISTEN_PATIENCE_S) -> socket.socket:
+    """A connection to the unix socket at ``path``, retried while it is refused for ``patience`` seconds (the
+    window between QEMU's ``bind()`` and its ``listen()``). Any other error, or a refusal past that, raises."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return _connect_once(path)
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _connect_once(path: Path) -> socket.socket:
     """Connect through ``/proc/self/fd/N/<name>``: a unix socket path is limited to 107 bytes, and a unit
     folder under a deep ``ALE_IAC_HOME`` is longer than that."""
     folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
@@ -73,10 +92,10 @@ def _connect(path: Path) -> socket.socket:
 class Qmp:
     """One QMP session: ``with Qmp(path) as qmp: qmp.execute("query-status")``."""
 
-    def __init__(self, path: Path, timeout: float = 30.0) -> None:
+    def __init__(self, path: Path, timeout: float = 30.0, patience: float = LISTEN_PATIENCE_S) -> None:
         self.timeout = timeout
         try:
-            self.lines = _Lines(_connect(path))
+            self.lines = _Lines(_connect(path, patience))
         except OSError as exc:
             raise QmpError(f"cannot reach QMP at {path}: {exc}") from None
         self.lines.read(time.monotonic() + timeout, "QMP greeting")
@@ -119,9 +138,9 @@ class Qmp:
 class AgentChannel:
     """The host end of the guest agent's virtio-serial port."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, patience: float = LISTEN_PATIENCE_S) -> None:
         try:
-            self.lines = _Lines(_connect(path))
+            self.lines = _Lines(_connect(path, patience))
         except OSError as exc:
             raise QmpError(f"cannot reach the guest agent channel at {path}: {exc}") from None
 
