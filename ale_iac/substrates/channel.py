@@ -108,9 +108,12 @@ class ModelChannel:
         tasks = [task for task in self._tasks if task is not current]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Aborted, not closed: a graceful close waits until the bytes still held for a peer are sent, and a peer
+        # that stopped reading (the gateway side of a stalled connection) would hold the channel's end, and
+        # every task closing a connection in its ``finally``, for ever. Closing ends them all anyway.
         for writer in list(self._writers):
-            await authproxy.close_writer(writer)
+            writer.transport.abort()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._writers.clear()
         self.idle = 0
         self.closed.set()

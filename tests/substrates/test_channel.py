@@ -221,3 +221,33 @@ async def test_without_the_token_or_a_model_port_there_is_no_channel(tmp_path: P
         for process in (served.process, plain.process):
             process.kill()
             process.wait()
+
+
+async def test_closing_waits_for_no_peer_that_stopped_reading(unit: Unit, tmp_path: Path) -> None:
+    """An agent connection in flight whose gateway side takes nothing more: the channel's close drops the bytes
+    it holds for it instead of waiting for them to be read (a teardown hung 60 s on this in a shuffled run)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_reads(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    stalled = await asyncio.start_unix_server(never_reads, path=str(tmp_path / "stalled.sock"))
+    channel = ModelChannel(unit.endpoint, TOKEN, unix_connector(str(tmp_path / "stalled.sock")))
+    await channel.open()
+    host, port = unit.model_url.removeprefix("http://").rsplit(":", 1)
+    _agent_reader, agent = await asyncio.open_connection(host, int(port))
+    try:
+        agent.write(b"x" * (16 << 20))  # far more than the socket buffers on the way hold
+        await until(
+            lambda: any(w.transport.get_write_buffer_size() > 0 for w in channel._writers),
+            "the channel holding bytes the gateway side does not take",
+        )
+        await asyncio.wait_for(channel.aclose("the unit's egress ended"), 20)
+        assert channel.closed.is_set() and tasks() == set()
+        assert channel.bytes_up > 0
+    finally:
+        agent.transport.abort()
+        for writer in held:
+            writer.transport.abort()
+        stalled.close()
+        await stalled.wait_closed()
