@@ -1,7 +1,7 @@
 """Shared test setup.
 
 * Every test gets its own ale-iac home (state backend, logs, sandboxes), so tests never see the
-  user's stacks or each other's.
+  user's stacks or each other's; what module- and session-scoped fixtures make goes to a home of the session.
 * The repo root is put on PYTHONPATH for child processes: dynamic providers defined in test support
   modules (``tests/support/engine.py``) are pickled by reference, and the provider process Pulumi
   starts must be able to import them.
@@ -118,6 +118,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "precondition missing in CI (a test that never runs tests nothing): " + "; ".join(reasons), pytrace=False
         )
     pytest.skip("; ".join(reasons))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The ale-iac home of what module- and session-scoped fixtures make, which are set up before a test's own
+    home: without it their units and stacks went to the user's ``~/.ale-iac``, where a killed session left them
+    for the user's ``gc`` to find. Here they are swept with the session's other homes
+    (``tests/support/leftovers.py``)."""
+    home = tmp_path_factory.mktemp("ale-home-session")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ALE_IAC_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(autouse=True)

@@ -73,6 +73,23 @@ def _session(root: Path, number: int, lock_pid: int | None) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def module_home() -> str:
+    """The ale-iac home a module-scoped fixture sees (it is set up before the test's own home)."""
+    return os.environ["ALE_IAC_HOME"]
+
+
+def test_a_module_fixture_s_home_is_the_session_s_not_the_user_s(
+    module_home: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    home = Path(module_home)
+    assert home.is_relative_to(tmp_path_factory.getbasetemp()), f"{home} is outside pytest's folders"
+    assert home.name.startswith("ale-home-session")
+    assert os.environ["ALE_IAC_HOME"] != module_home  # the test's own home still comes on top
+    # Where the next session's sweep looks for a killed session's units:
+    assert any(home.match(f"pytest-*/{depth}") for depth in leftovers.HOME_DEPTHS)
+
+
 def test_only_the_homes_of_sessions_that_ended_are_collected(tmp_path: Path) -> None:
     live = _session(tmp_path, 1, os.getpid())
     dead = _session(tmp_path, 2, _dead_pid())
