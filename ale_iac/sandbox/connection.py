@@ -58,10 +58,15 @@ class ServerConnection:
         trust_env: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
         env: Mapping[str, str] | None = None,
+        request_tries: int = _READ_RETRIES,
     ) -> None:
         """``token``: the bearer token the endpoint requires (sandboxes ale-iac starts have one). ``env``: what
         every command started through this client sees in its environment (a shell command's, a PTY's:
-        :func:`with_env`); the unit's own, from its handle (``SandboxHandle.command_env``)."""
+        :func:`with_env`); the unit's own, from its handle (``SandboxHandle.command_env``). ``request_tries``:
+        how often one request is sent when its connection breaks (0.1 s, then 0.4 s apart); a caller with a
+        retry loop of its own (readiness) says 1."""
+        if request_tries < 1:
+            raise ValueError(f"request_tries must be at least 1, got {request_tries}")
         if not endpoint.startswith(("http://", "https://")):
             raise ValueError(f"computer-server endpoint must be an http(s) URL, got {endpoint!r}")
         for name in env or {}:
@@ -72,6 +77,7 @@ class ServerConnection:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._connect_timeout = connect_timeout
+        self._request_tries = request_tries
         # uvicorn closes idle keep-alive connections after 5 s; expiring ours first avoids reusing a
         # socket the server is closing, which would fail a non-idempotent command it never received.
         self._http = httpx.AsyncClient(
@@ -124,7 +130,7 @@ class ServerConnection:
                 )
             except httpx.TransportError as exc:
                 retryable = idempotent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if not retryable or attempt >= _READ_RETRIES:
+                if not retryable or attempt >= self._request_tries:
                     raise ServerUnreachableError(self.endpoint, command, describe(exc)) from exc
             await asyncio.sleep(_RETRY_BACKOFF_S[min(attempt - 1, len(_RETRY_BACKOFF_S) - 1)])
 

@@ -326,8 +326,10 @@ def test_key_names_normalize() -> None:
 # -- protocol edge cases, against a fake transport ---------------------------------------------------------
 
 
-def fake(handler: Callable[[httpx.Request], httpx.Response]) -> ComputerServerClient:
-    return ComputerServerClient("http://sandbox.invalid:1", transport=httpx.MockTransport(handler))
+def fake(handler: Callable[[httpx.Request], httpx.Response], request_tries: int = 3) -> ComputerServerClient:
+    return ComputerServerClient(
+        "http://sandbox.invalid:1", transport=httpx.MockTransport(handler), request_tries=request_tries
+    )
 
 
 def reply(payload: dict[str, object]) -> httpx.Response:
@@ -375,6 +377,25 @@ async def test_fake_server_only_reads_are_retried() -> None:
         with pytest.raises(ServerUnreachableError, match="run_command"):
             await c.run_command("rm -rf /tmp/once")
         assert calls == ["run_command"]
+
+
+async def test_fake_server_a_client_of_one_try_gives_up_at_the_first_broken_connection() -> None:
+    calls: list[str] = []
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with fake(refused, request_tries=1) as c:
+        with pytest.raises(ServerUnreachableError, match="status"):
+            await c.status()
+    assert calls == ["/status"]
+    async with fake(refused) as c:
+        with pytest.raises(ServerUnreachableError, match="status"):
+            await c.status()
+    assert calls == ["/status"] * 4
+    with pytest.raises(ValueError, match="request_tries"):
+        ComputerServerClient("http://127.0.0.1:1", request_tries=0)
 
 
 async def test_fake_server_set_clipboard_returns_once_the_clipboard_holds_the_text(

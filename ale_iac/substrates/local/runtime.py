@@ -292,20 +292,23 @@ def _mounts_under(folder: Path) -> list[str]:
     return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), key=len, reverse=True)
 
 
-def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0) -> bool:
+def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0, grace: bool = True) -> bool:
     """Stop a sandbox and delete everything it left: processes, port forward, cgroup, files.
 
     Idempotent: returns False when there was nothing to stop. Works when the supervisor is gone
     (SIGKILLed, or the host rebooted), because every process of the sandbox is found from the
-    state dir (see ``_owned_processes``) rather than from the supervisor.
+    state dir (see ``_owned_processes``) rather than from the supervisor. With ``grace`` the supervisor
+    stops the sandbox in order and keeps the tails of its logs in the state dir on its way out; without
+    (a reset, which deletes them anyway), it is killed at once and its sandbox with it, as after a crash.
     """
     folder = state_dir_of(sandbox_id, home)
     if not folder.exists():
         return False
     state = state_from_dir(folder)
     if is_alive(state):
-        # The supervisor stops the sandbox gracefully (SIGTERM to its init, then SIGKILL).
-        _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGTERM)
+        # SIGTERM: the supervisor stops the sandbox in order (SIGTERM to its init, then SIGKILL). SIGKILL: the
+        # sandbox dies with it (PR_SET_PDEATHSIG); whatever lingers is killed below.
+        _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGTERM if grace else signal.SIGKILL)
         if not procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, timeout):
             _kill(state.supervisor_pid, state.supervisor_start_time, signal.SIGKILL)
             procs.wait_gone(state.supervisor_pid, state.supervisor_start_time, 5.0)
@@ -346,14 +349,16 @@ def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -
 
     Nothing of the old one survives: ``stop`` deletes its processes, disk and state dir, and ``start``
     makes all of them anew, with a new endpoint port and a new token (read them from the returned
-    state). The id, and so the state dir and the Pulumi resource that owns it, stay the same.
+    state). The id, and so the state dir and the Pulumi resource that owns it, stay the same. The old
+    sandbox is killed, not stopped in order: nothing of it is kept, so an orderly stop (a quarter of a
+    second, the supervisor's and the init's SIGTERM rounds) would buy nothing.
     """
     folder = state_dir_of(sandbox_id, home)
     try:
         spec = LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text()))
     except FileNotFoundError:
         raise SandboxError(f"sandbox {sandbox_id} does not exist ({folder}): nothing to reset") from None
-    stop(sandbox_id, home=home)
+    stop(sandbox_id, home=home, grace=False)
     return start(spec, home=home, timeout=timeout)
 
 

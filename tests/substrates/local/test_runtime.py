@@ -483,6 +483,31 @@ def test_stop_leaves_nothing_behind(desktop_image: ImageInfo) -> None:
 
 
 @pytest.mark.sandbox
+def test_a_reset_kills_the_old_sandbox_and_leaves_nothing_of_it(desktop_image: ImageInfo) -> None:
+    spec = LocalSandboxSpec(sandbox_id="reset-kills", rootfs=str(desktop_image.rootfs), memory_gb=1.0)
+    old = local_runtime.start(spec)
+    fresh: LocalSandboxState | None = None
+    try:
+        wait_for_status(old)
+        assert run(old, "echo left-over > /root/mark && echo ok")["stdout"] == "ok\n"
+        pids = local_sandboxes.sandbox_pids(old)
+        old_token = local_sandboxes.auth_token(old)  # read from the state dir, which the reset makes anew
+        fresh = local_runtime.reset(spec.sandbox_id)
+        # Killed (no orderly stop): none of its processes lives on, its port and disk are gone.
+        alive = [pid for pid in pids if procs.start_time(pid) is not None]
+        assert not alive, f"processes of the old sandbox still running: {alive}"
+        assert not listening_addresses(old.host_port)
+        assert fresh.state_dir == old.state_dir and fresh.host_port != old.host_port
+        assert local_sandboxes.auth_token(fresh) != old_token
+        assert all(Path(cgroup).exists() for cgroup in fresh.cgroups)
+        wait_for_status(fresh)
+        assert run(fresh, "cat /root/mark 2>&1 || echo gone")["stdout"].endswith("gone\n")
+    finally:
+        assert local_runtime.stop(spec.sandbox_id) is True
+    assert_nothing_left(fresh or old, pids)
+
+
+@pytest.mark.sandbox
 def test_stop_after_the_supervisor_was_killed(desktop_image: ImageInfo) -> None:
     spec = LocalSandboxSpec(sandbox_id="stop-killed", rootfs=str(desktop_image.rootfs), memory_gb=1.0)
     state = local_runtime.start(spec)
