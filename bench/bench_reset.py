@@ -15,7 +15,11 @@ third arm, ``10 ms poll``, is ``after`` with a wait that asks every 10 ms: not a
 poll a booting cloud VM 6,000 times a minute), the floor a readiness check by polling could reach; ``after``
 minus it is what the new schedule still loses.
 
-    .venv/bin/python bench/bench_reset.py [--rounds 10]
+    .venv/bin/python bench/bench_reset.py [--rounds 10] [--before-rootfs ~/.cache/ale-iac/images/desktop-<hash>/rootfs]
+
+``--before-rootfs`` runs the ``before`` arm on an earlier build of the ``desktop`` image (still in the cache), so
+that a change of the image is measured beside the current one too (desktop-1334d1561eeb: the last build whose
+font caches were stale). The sandboxes have the ``local`` profile's shape (1 vCPU, 2 GB).
 
 Needs root and the ``desktop`` image (``scripts/setup.sh``). Stops everything it starts.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import secrets
 import shutil
@@ -70,6 +75,7 @@ def handle_of(state: LocalSandboxState) -> SandboxHandle:
 
 
 def before(spec: LocalSandboxSpec, home: Path) -> tuple[float, float, float]:
+    """Today's reset of 5b93af2 (``spec`` may name the rootfs of an earlier image)."""
     t0 = time.monotonic()
     runtime.stop(spec.sandbox_id, home=home)
     t1 = time.monotonic()
@@ -104,12 +110,17 @@ def after_whole(spec: LocalSandboxSpec, home: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--before-rootfs", type=Path, help="the before arm's image rootfs (default: the current)")
     args = parser.parse_args()
     image = require_image("desktop")
     home = Path(tempfile.mkdtemp(prefix="ale-bench-reset-"))
-    spec = LocalSandboxSpec(sandbox_id=f"bench-{secrets.token_hex(4)}", rootfs=str(image.rootfs))
+    spec = LocalSandboxSpec(
+        sandbox_id=f"bench-{secrets.token_hex(4)}", rootfs=str(image.rootfs), vcpus=1, memory_gb=2.0
+    )
+    old_spec = dataclasses.replace(spec, rootfs=str(args.before_rootfs or image.rootfs))
+    print(f"before: {old_spec.rootfs}\nafter: {spec.rootfs}")
     arms: dict[str, Callable[[LocalSandboxSpec, Path], tuple[float, float, float]]] = {
-        "before": before,
+        "before": lambda _spec, home: before(old_spec, home),
         "after": after,
         "10 ms poll": lambda spec, home: after(spec, home, pause_s=0.01),
     }
