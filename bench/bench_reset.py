@@ -33,19 +33,20 @@ import os
 import secrets
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import SecretStr
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS
-from ale_iac.images import require_image
-from ale_iac.sandbox.handle import SandboxHandle
-from ale_iac.sandbox.readiness import wait_ready
-from ale_iac.substrates.local import runtime, sandboxes
-from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
+from ale_iac.images import require_image  # noqa: E402
+from ale_iac.sandbox.readiness import wait_ready  # noqa: E402
+from ale_iac.substrates.local import runtime  # noqa: E402
+from ale_iac.substrates.local.sandboxes import LocalSandboxSpec  # noqa: E402
+from tests.support.sandbox import handle_of  # noqa: E402
 
 READY_TIMEOUT_S = 60.0
 
@@ -58,20 +59,6 @@ def doubling(state: dict[str, float]) -> Callable[[float], float]:
         return state["pause"]
 
     return pause
-
-
-def handle_of(state: LocalSandboxState) -> SandboxHandle:
-    return SandboxHandle(
-        stack="",
-        unit="u0",
-        provider="local",
-        endpoint=state.endpoint,
-        endpoint_token=SecretStr(sandboxes.auth_token(state)),
-        snapshot="desktop",
-        image="desktop",
-        resource_id=state.sandbox_id,
-        paths=LINUX_DESKTOP_PATHS,
-    )
 
 
 def before(spec: LocalSandboxSpec, home: Path) -> tuple[float, float, float]:

@@ -7,9 +7,7 @@ import asyncio
 import socket
 
 import pytest
-from pydantic import SecretStr
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS
 from ale_iac.sandbox.handle import SandboxHandle
 from ale_iac.sandbox.readiness import (
     MAX_POLL_S,
@@ -19,8 +17,7 @@ from ale_iac.sandbox.readiness import (
     poll_interval,
     wait_ready,
 )
-from ale_iac.substrates.local import sandboxes as local_sandboxes
-from tests.support.sandbox import SandboxFactory
+from tests.support.sandbox import SandboxFactory, handle_of
 
 
 def _attempt_times(ready_at_s: float) -> float:
@@ -66,17 +63,7 @@ def test_wait_ready_pauses_as_its_schedule_says_and_says_how_often_it_asked() ->
 def test_a_sandbox_that_never_gets_ready_is_explained_by_its_logs(sandbox_factory: SandboxFactory) -> None:
     # sh given ale-init's options fails at once: the computer-server never starts.
     state = sandbox_factory(wait=False, init="/bin/sh")
-    handle = SandboxHandle(
-        stack="",
-        unit="u0",
-        provider="local",
-        endpoint=state.endpoint,
-        endpoint_token=SecretStr(local_sandboxes.auth_token(state)),
-        snapshot="desktop",
-        image="desktop",
-        resource_id=state.sandbox_id,
-        paths=LINUX_DESKTOP_PATHS,
-    )
+    handle = handle_of(state)
     with pytest.raises(SandboxNotReadyError) as info:
         asyncio.run(wait_ready(handle, 5))
     message = str(info.value)
