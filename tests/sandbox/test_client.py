@@ -140,7 +140,13 @@ async def test_clipboard_roundtrip(client: ComputerServerClient) -> None:
     assert await client.get_clipboard() == text
     assert await sh(client, "xclip -o -selection clipboard") == text
     other = desktop.unique("from-xclip")
-    await sh(client, f"printf %s {other} | xclip -i -selection clipboard >/dev/null 2>&1")
+    # xclip -i can return before the X server names its background copy the owner (a CI run under load read the
+    # previous text right after it). Wait until X says so, then ask the server.
+    await sh(
+        client,
+        f"printf %s {other} | xclip -i -selection clipboard >/dev/null 2>&1; "
+        f"timeout 20 sh -c 'until [ \"$(xclip -o -selection clipboard)\" = {other} ]; do sleep 0.05; done'",
+    )
     assert await client.get_clipboard() == other
 
 
