@@ -7,11 +7,14 @@ own loopback). The runner reaches it the way a user reaches a pod of a remote cl
 behind it still admits only requests with the unit's token, so the forward adds reach and no authority.
 
 One forward per pod and process, kept while it lives and reused by every handle of the unit. kubectl ends a
-forward at the first connection the pod refuses (the unit's forwarder is not listening yet), so each forward is
-supervised: kubectl is started again on the same local port until the forward is closed or the pod is gone (a
-reset replaced it; the next handle forwards to the new pod). Every forward is closed when this process exits
+forward at the first connection the pod refuses (the unit's forwarder is not listening yet), and at other errors
+of its streams (a CI run saw it end right after the model channel test's connections closed), so each forward is
+supervised: kubectl is started again on its port until the forward is closed or the pod is gone (a reset replaced
+it; the next handle forwards to the new pod). The unit's endpoint is not kubectl's port but a relay of ours in
+front of it (``sandbox.holding_relay``), which stays open across those restarts: a connection made while kubectl
+starts again waits for it instead of being refused. Every forward is closed when this process exits
 (:func:`close_all`, at ``atexit``); a process killed with SIGKILL leaves its kubectl running until the pod it
-forwards to is gone.
+forwards to is gone (its relay goes with the process).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ale_iac.contract import PortForward
 from ale_iac.errors import AleIacError
 from ale_iac.files import write_json_atomic
 from ale_iac.paths import ale_home
+from ale_iac.sandbox.holding_relay import HoldingRelay
 from ale_iac.toolchain import find_kubectl
 
 OWNER_ENV = "ALE_IAC_FORWARD_OWNER"
@@ -47,6 +51,8 @@ CLUSTERS_FILE = "kubernetes-clusters.json"
 OPEN_TIMEOUT_S = 60.0
 """How long a forward may take to open (kubectl's start and the API server's first answer; a pod that has not
 started yet is retried until then)."""
+RESTART_PATIENCE_S = 30.0
+"""How long a connection to the unit's endpoint waits for kubectl to be started again (about a second)."""
 _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 
 
@@ -156,17 +162,19 @@ def _gone(said: str) -> bool:
 
 
 class _Forward:
-    """One pod's forward: kubectl on a fixed local port, started again on that port whenever it exits (kubectl
-    ends a forward at the first connection the pod refuses: while the unit's forwarder starts, or after a
-    restart of the pod's server), until it is closed or the pod is gone."""
+    """One pod's forward: kubectl on a fixed port of its own, started again on that port whenever it exits, until
+    it is closed or the pod is gone; and the unit's endpoint, a relay on a port of ours whose connections wait for
+    kubectl while it starts again."""
 
-    def __init__(self, target: PortForward, process: subprocess.Popen[bytes], port: int) -> None:
+    def __init__(self, target: PortForward, process: subprocess.Popen[bytes], kubectl_port: int) -> None:
         self.target = target
-        self.port = port
+        self.kubectl_port = kubectl_port
         self.process = process
         self.closed = threading.Event()
         self.gone = False
         self.said: collections.deque[str] = collections.deque(maxlen=5)
+        self.relay = HoldingRelay(lambda: self.kubectl_port, self.alive, RESTART_PATIENCE_S, target.pod)
+        self.port: int = self.relay.port
         threading.Thread(target=self._supervise, name=f"port-forward {target.pod}", daemon=True).start()
 
     def alive(self) -> bool:
@@ -185,7 +193,7 @@ class _Forward:
                 self.gone = not self.closed.is_set()
                 return
             while not self.closed.is_set():
-                restarted, port, said = _spawn(self.target, self.port)
+                restarted, port, said = _spawn(self.target, self.kubectl_port)
                 if port is not None:
                     self.process = restarted
                     break
@@ -196,6 +204,7 @@ class _Forward:
 
     def close(self) -> None:
         self.closed.set()
+        self.relay.close()
         process = self.process
         if process.poll() is None:
             process.terminate()
@@ -221,8 +230,9 @@ def local_endpoint(target: PortForward, timeout_s: float = OPEN_TIMEOUT_S) -> st
         while True:
             process, port, said = _spawn(target, 0)
             if port is not None:
-                _FORWARDS[target] = _Forward(target, process, port)
-                return f"http://127.0.0.1:{port}"
+                forward = _Forward(target, process, port)
+                _FORWARDS[target] = forward
+                return f"http://127.0.0.1:{forward.port}"
             if time.monotonic() >= deadline:
                 raise PortForwardError(
                     f"cannot open a port-forward to pod {target.namespace}/{target.pod}: "

@@ -1,13 +1,16 @@
 """``sandbox.portforward`` without a cluster: the kubectl command (no secret in it), the clusters a home
-remembers for gc, and which forwards gc counts as orphans (their owner gone). The forward itself, on a real
-cluster: tests/infra/test_kubernetes_cluster.py."""
+remembers for gc, which forwards gc counts as orphans (their owner gone), and the endpoint staying open while
+kubectl is started again, against a stand-in for kubectl (a cluster cannot make kubectl end a forward on cue).
+The forward itself, on a real cluster: tests/infra/test_kubernetes_cluster.py."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,63 @@ def test_a_forward_whose_owner_is_gone_is_an_orphan() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+# A stand-in for `kubectl port-forward ... LOCAL:REMOTE`: it listens where kubectl would, prints kubectl's line,
+# and answers each connection's line with its own start count. While the file `end` exists, it ends as kubectl
+# ends a forward at a stream's error: its listener closed first, then the reply, then gone.
+STAND_IN = """\
+import os, pathlib, socket, sys
+folder = pathlib.Path(os.environ["STAND_IN_DIR"])
+starts = folder / "starts"
+starts.write_text(starts.read_text() + "x" if starts.exists() else "x")
+local = sys.argv[-1].split(":")[0]
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", int(local or 0)))
+listener.listen(8)
+print(f"Forwarding from 127.0.0.1:{listener.getsockname()[1]} -> 8443", flush=True)
+while True:
+    connection, _ = listener.accept()
+    line = connection.makefile("rb").readline()
+    ending = (folder / "end").exists()
+    if ending:
+        (folder / "end").unlink()
+        listener.close()
+    connection.sendall(b"start %d: " % len(starts.read_text()) + line)
+    connection.close()
+    if ending:
+        sys.exit(1)
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f"#!{sys.executable}\n" + STAND_IN)
+    kubectl.chmod(0o755)
+    monkeypatch.setenv("ALE_IAC_KUBECTL", str(kubectl))
+    monkeypatch.setenv("STAND_IN_DIR", str(tmp_path))
+    yield tmp_path
+    portforward.close(target())
+
+
+def ask(port: int, line: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(line + b"\n")
+        return connection.makefile("rb").readline()
+
+
+def test_the_endpoint_waits_for_kubectl_started_again_instead_of_refusing(stand_in: Path) -> None:
+    url = portforward.local_endpoint(target())
+    port = int(url.rsplit(":", 1)[1])
+    assert ask(port, b"one") == b"start 1: one\n"
+    (stand_in / "end").touch()
+    assert ask(port, b"two") == b"start 1: two\n"  # the stand-in's last reply: it is gone now
+    # At once, while it is started again: the relay holds the connection until the new one listens.
+    assert ask(port, b"three") == b"start 2: three\n"
+    assert portforward.local_endpoint(target()) == url  # the same endpoint for every handle
+    portforward.close(target())
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    assert (stand_in / "starts").read_text() == "xx"

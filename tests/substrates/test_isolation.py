@@ -665,14 +665,10 @@ def test_the_model_channel_leads_only_to_what_the_host_carries_it_to(sut: Sandbo
 def test_the_endpoint_requires_the_token_and_keeps_it_out(sut: SandboxUnderTest) -> None:
     applies(sut, isolation.ENDPOINT_TOKEN)
     url = sut.endpoint.url
-    # A refused connection is tried again, as the runner's client does (ServerConnection): a pod's endpoint is
-    # refused for the moment kubectl takes to start again after it ended the forward at a stream's error (a CI
-    # run, right after the model channel test); only the answers are checked here.
-    with httpx.Client(transport=httpx.HTTPTransport(retries=5), timeout=10) as client:
-        assert client.get(f"{url}/status").status_code == 401
-        wrong = {"Authorization": "Bearer " + secrets.token_urlsafe(32)}
-        assert client.post(f"{url}/cmd", json={"command": "version"}, headers=wrong).status_code == 401
-        assert client.get(f"{url}/status", headers=sut.endpoint.headers).status_code == 200
+    assert httpx.get(f"{url}/status", timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer " + secrets.token_urlsafe(32)}
+    assert httpx.post(f"{url}/cmd", json={"command": "version"}, headers=wrong, timeout=10).status_code == 401
+    assert httpx.get(f"{url}/status", headers=sut.endpoint.headers, timeout=10).status_code == 200
     token = sut.endpoint.token
     assert token
     half = len(token) // 2  # the probe's own command line must not carry the token whole
