@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import os
 import secrets
 import shutil
@@ -51,14 +52,10 @@ from tests.support.sandbox import handle_of  # noqa: E402
 READY_TIMEOUT_S = 60.0
 
 
-def doubling(state: dict[str, float]) -> Callable[[float], float]:
+def doubling() -> Callable[[float], float]:
     """The pause schedule before: 50 ms, doubled after each attempt, at most 1 s."""
-
-    def pause(_waited_s: float) -> float:
-        state["pause"] = min(state.get("pause", 0.025) * 2, 1.0)
-        return state["pause"]
-
-    return pause
+    pauses = itertools.chain((0.05 * 2**n for n in range(5)), itertools.repeat(1.0))
+    return lambda _waited_s: next(pauses)
 
 
 def before(spec: LocalSandboxSpec, home: Path) -> tuple[float, float, float]:
@@ -68,7 +65,7 @@ def before(spec: LocalSandboxSpec, home: Path) -> tuple[float, float, float]:
     t1 = time.monotonic()
     state = runtime.start(spec, home=home)
     t2 = time.monotonic()
-    asyncio.run(wait_ready(handle_of(state), READY_TIMEOUT_S, schedule=doubling({}), request_tries=3))
+    asyncio.run(wait_ready(handle_of(state), READY_TIMEOUT_S, schedule=doubling(), request_tries=3))
     return t1 - t0, t2 - t1, time.monotonic() - t2
 
 

@@ -29,9 +29,9 @@ _CHUNK: Final = 65536
 
 
 class HoldingRelay:
-    """Listens on 127.0.0.1 (a port the kernel picks); joins each connection to ``127.0.0.1:upstream_port()``."""
+    """Listens on 127.0.0.1 (a port the kernel picks); joins each connection to ``127.0.0.1:upstream_port``."""
 
-    def __init__(self, upstream_port: Callable[[], int], alive: Callable[[], bool], patience_s: float, name: str):
+    def __init__(self, upstream_port: int, alive: Callable[[], bool], patience_s: float, name: str):
         self.upstream_port = upstream_port
         self.alive = alive
         self.patience_s = patience_s
@@ -72,7 +72,7 @@ class HoldingRelay:
         deadline = time.monotonic() + self.patience_s
         while not self.closed.is_set():
             try:
-                return socket.create_connection(("127.0.0.1", self.upstream_port()), timeout=10)
+                return socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
             except ConnectionRefusedError:
                 if not self.alive() or time.monotonic() >= deadline:
                     return None

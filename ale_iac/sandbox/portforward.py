@@ -52,7 +52,7 @@ OPEN_TIMEOUT_S = 60.0
 """How long a forward may take to open (kubectl's start and the API server's first answer; a pod that has not
 started yet is retried until then)."""
 RESTART_PATIENCE_S = 30.0
-"""How long a connection to the unit's endpoint waits for kubectl to be started again (about a second)."""
+"""How long a connection to the unit's endpoint waits for kubectl to be started again (which takes about a second)."""
 _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 
 
@@ -173,7 +173,7 @@ class _Forward:
         self.closed = threading.Event()
         self.gone = False
         self.said: collections.deque[str] = collections.deque(maxlen=5)
-        self.relay = HoldingRelay(lambda: self.kubectl_port, self.alive, RESTART_PATIENCE_S, target.pod)
+        self.relay = HoldingRelay(kubectl_port, self.alive, RESTART_PATIENCE_S, target.pod)
         self.port: int = self.relay.port
         threading.Thread(target=self._supervise, name=f"port-forward {target.pod}", daemon=True).start()
 

@@ -73,10 +73,10 @@ async def wait_ready(
         handle.endpoint, timeout=10.0, token=handle.token(), request_tries=request_tries
     ) as client:
         while True:
-            attempts += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            attempts += 1
             try:
                 await asyncio.wait_for(client.status(), timeout=min(5.0, remaining))
                 version = await asyncio.wait_for(client.check_version(), timeout=min(10.0, remaining))

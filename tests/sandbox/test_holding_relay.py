@@ -45,7 +45,7 @@ def _read_all(sock: socket.socket) -> bytes:
 
 
 def test_bytes_cross_both_ways_and_a_half_close_too(upstream: socket.socket) -> None:
-    relay = HoldingRelay(lambda: upstream.getsockname()[1], lambda: True, 5.0, "test")
+    relay = HoldingRelay(upstream.getsockname()[1], lambda: True, 5.0, "test")
     server = threading.Thread(target=_echo_until_eof, args=(upstream,))
     server.start()
     try:
@@ -63,7 +63,7 @@ def test_bytes_cross_both_ways_and_a_half_close_too(upstream: socket.socket) -> 
 
 def test_a_connection_waits_for_its_upstream_to_listen() -> None:
     port = _free_port()
-    relay = HoldingRelay(lambda: port, lambda: True, 30.0, "test")
+    relay = HoldingRelay(port, lambda: True, 30.0, "test")
     try:
         with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as client:
             client.sendall(b"early")
@@ -83,7 +83,7 @@ def test_a_connection_ends_when_the_upstream_never_listens_or_the_forward_is_gon
     port = _free_port()
     alive = threading.Event()
     alive.set()
-    relay = HoldingRelay(lambda: port, alive.is_set, 0.3, "test")
+    relay = HoldingRelay(port, alive.is_set, 0.3, "test")
     try:
         with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as client:
             assert client.recv(10) == b""  # after its patience: EOF, as from a forward that is gone
@@ -95,7 +95,7 @@ def test_a_connection_ends_when_the_upstream_never_listens_or_the_forward_is_gon
 
 
 def test_close_ends_live_connections_and_the_port(upstream: socket.socket) -> None:
-    relay = HoldingRelay(lambda: upstream.getsockname()[1], lambda: True, 5.0, "test")
+    relay = HoldingRelay(upstream.getsockname()[1], lambda: True, 5.0, "test")
     client = socket.create_connection(("127.0.0.1", relay.port), timeout=10)
     accepted, _ = upstream.accept()
     try:
