@@ -3,7 +3,11 @@
 What it adds to ``pulumi.automation``:
 
 * one work dir per operation, under ``<home>/work``, always removed afterwards (the SDK creates
-  ``automation-*`` temp dirs and never removes them); dirs left by a killed process are swept;
+  ``automation-*`` temp dirs and never removes them); dirs left by a killed process are swept. It is also
+  the CLI's and its plugins' ``TMPDIR`` (the Kubernetes provider copies the kubeconfig to a temp file on
+  every call and never removes it), and the CLI's record of the stack it selected there
+  (``~/.pulumi/workspaces/ale-iac-<sha1>-workspace.json``, one per project folder, never removed by the
+  CLI) goes with it;
 * the local ``file://`` backend under ``<home>/state`` by default, any backend via ``PULUMI_BACKEND_URL``;
 * the secrets passphrase from ``PULUMI_CONFIG_PASSPHRASE(_FILE)`` or a generated 0600 file;
 * ``PULUMI_PYTHON_CMD`` set to this interpreter, so dynamic providers can import ``ale_iac``;
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -256,20 +261,31 @@ class Engine:
             match = re.match(r"^.+-p(\d+)-[0-9a-f]{8}$", entry.name)
             if not match or procs.alive(int(match.group(1))):
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
+            _remove_work_dir(entry)
             removed.append(entry)
         return removed
+
+    @contextlib.contextmanager
+    def _scratch(self, label: str) -> Iterator[tuple[Path, dict[str, str]]]:
+        """A fresh work dir for one operation, and the environment of its CLI call: :meth:`env_vars` with
+        ``TMPDIR`` in that dir, so that whatever the CLI and its plugins leave in their temp dir goes when
+        the dir does (or is swept with it after a crash)."""
+        work_dir = self.home / "work" / f"{label}-p{os.getpid()}-{secrets.token_hex(4)}"
+        work_dir.mkdir(parents=True)
+        scratch = work_dir / _TMP
+        scratch.mkdir(mode=0o700)
+        try:
+            yield work_dir, {**self.env_vars(), "TMPDIR": str(scratch)}
+        finally:
+            _remove_work_dir(work_dir)
 
     @contextlib.contextmanager
     def _workspace(self, label: str, program: Program | None, providers: bool = False) -> Iterator[auto.LocalWorkspace]:
         """A workspace in a fresh work dir that is removed when the block ends. With ``providers``, its
         CLI calls attach to this engine's dynamic-provider process (``ale_iac.provider_host``)."""
-        work_dir = self.home / "work" / f"{label}-p{os.getpid()}-{secrets.token_hex(4)}"
-        work_dir.mkdir(parents=True)
-        env = self.env_vars()
-        if providers and self._providers is not None:
-            env.update(self._providers.attach_env(os.environ))
-        try:
+        with self._scratch(label) as (work_dir, env):
+            if providers and self._providers is not None:
+                env.update(self._providers.attach_env(os.environ))
             yield auto.LocalWorkspace(
                 work_dir=str(work_dir),
                 program=program or _empty_program,
@@ -279,8 +295,6 @@ class Engine:
                     name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=self.backend_url)
                 ),
             )
-        finally:
-            shutil.rmtree(work_dir, ignore_errors=True)
 
     @contextlib.contextmanager
     def _stack(self, name: str, program: Program | None, create: bool, providers: bool = False) -> Iterator[auto.Stack]:
@@ -408,8 +422,8 @@ class Engine:
         its errors translated like every other operation (a held lock: :class:`StackLockedError`)."""
         check_stack_name(name)
         sink = self._sink(name, operation, None)
-        with self._errors(name, operation):
-            self._command.run(args, str(project), self.env_vars(), sink, sink)
+        with self._scratch(name) as (_, env), self._errors(name, operation):
+            self._command.run(args, str(project), env, sink, sink)
 
     def outputs(self, name: str) -> dict[str, Any]:
         with self._stack(name, None, create=False) as stack:
@@ -500,6 +514,28 @@ class Engine:
             except (OSError, ValueError, AttributeError):
                 pids.append(0)
         return pids
+
+
+_TMP: Final = "tmp"
+"""The folder of an operation's work dir that its CLI call gets as ``TMPDIR``."""
+
+
+def _remove_work_dir(work_dir: Path) -> None:
+    """Remove an operation's work dir and the CLI's record of the stack last selected in it."""
+    shutil.rmtree(work_dir, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        workspace_settings_file(work_dir).unlink()
+
+
+def workspace_settings_file(project_dir: Path) -> Path:
+    """Where the Pulumi CLI records the stack selected in ``project_dir`` (by ``stack select`` or ``stack
+    init``): ``<PULUMI_HOME or ~/.pulumi>/workspaces/<project>-<sha1 of its Pulumi.yaml's path>-workspace.json``
+    (the CLI's ``projectWorkspace.settingsPath``). Each of ale-iac's operations has a project folder of its own,
+    so each such file is written once and never read again."""
+    pulumi_home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
+    project_file = str(project_dir / "Pulumi.yaml")
+    digest = hashlib.sha1(project_file.encode(), usedforsecurity=False).hexdigest()
+    return pulumi_home / "workspaces" / f"{PROJECT}-{digest}-workspace.json"
 
 
 def sweep_orphan_providers() -> list[int]:

@@ -24,6 +24,7 @@ from ale_iac.engine import (
     StackOperationError,
     engine_message,
     sweep_orphan_providers,
+    workspace_settings_file,
 )
 from ale_iac.errors import one_line
 from ale_iac.toolchain import PulumiNotFoundError, PulumiTooOldError, find_toolchain, probe
@@ -56,6 +57,87 @@ def test_dynamic_resource_stack_goes_up_exports_and_is_destroyed(tmp_path: Path)
     assert engine.list_stacks() == []
     with pytest.raises(StackNotFoundError):
         engine.outputs("t-one")
+    assert _work_dirs(engine) == []
+
+
+def _pulumi_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A Pulumi home of the test's own (its CLI calls record selected stacks and write logs there)."""
+    home = tmp_path / "pulumi-home"
+    home.mkdir()
+    monkeypatch.setenv("PULUMI_HOME", str(home))
+    return home
+
+
+def _workspace_files(pulumi_home: Path) -> list[str]:
+    return (
+        sorted(p.name for p in (pulumi_home / "workspaces").glob("*")) if (pulumi_home / "workspaces").exists() else []
+    )
+
+
+@pytest.mark.engine
+def test_operations_leave_no_selected_stack_record_in_the_pulumi_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every operation runs in a folder of its own, where the CLI's ``stack select`` / ``stack init`` record
+    the stack they chose in a file of the Pulumi home named by that folder: removed with the folder, or one file
+    per operation would pile up there for good."""
+    pulumi_home = _pulumi_home(monkeypatch, tmp_path)
+    engine = Engine()
+    engine.init("t-ws")
+    engine.up("t-ws", marker_program(str(tmp_path / "m"), "x"))
+    assert engine.outputs("t-ws")["size"] == 1
+    engine.destroy("t-ws")
+    assert (pulumi_home / "logs").is_dir()  # the CLI did use this home
+    assert _workspace_files(pulumi_home) == []
+    assert _work_dirs(engine) == []
+
+
+def test_the_selected_stack_record_is_where_the_cli_writes_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pulumi_home = _pulumi_home(monkeypatch, tmp_path)
+    engine = Engine()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: ale-iac\nruntime: python\n")
+    env = {**os.environ, **engine.env_vars()}
+    pulumi = str(engine.toolchain.pulumi)
+    subprocess.run([pulumi, "stack", "init", "t-rec", "--cwd", str(project)], env=env, check=True, capture_output=True)
+    try:
+        assert _workspace_files(pulumi_home) == [workspace_settings_file(project).name]
+        assert workspace_settings_file(project).parent == pulumi_home / "workspaces"
+    finally:
+        subprocess.run([pulumi, "stack", "rm", "--yes", "-s", "t-rec", "--cwd", str(project)], env=env, check=False)
+
+
+def test_a_cli_call_and_its_plugins_write_temp_files_into_the_operation_s_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A plugin's temp files (the Kubernetes provider copies the kubeconfig into one on every call and never
+    removes it) go with the operation: its CLI call's ``TMPDIR`` is inside the work dir removed after it. Here the
+    plugin is the Python language host running a project's program, which makes a temp file and says where."""
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
+    _pulumi_home(monkeypatch, tmp_path)
+    engine = Engine()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text((REPO / "Pulumi.yaml").read_text().replace("main: .\n", ""))
+    where = tmp_path / "where"
+    (project / "__main__.py").write_text(
+        f"import tempfile\nfd, name = tempfile.mkstemp(prefix='plugin-')\nopen({str(where)!r}, 'w').write(name)\n"
+    )
+    (project / ".venv").symlink_to(REPO / ".venv")
+    pulumi = str(engine.toolchain.pulumi)
+    env = {**os.environ, **engine.env_vars()}
+    subprocess.run([pulumi, "stack", "init", "t-tmp", "--cwd", str(project)], env=env, check=True, capture_output=True)
+    try:
+        engine.run_in_project("t-tmp", project, ["preview", "--non-interactive", "--stack", "t-tmp"], "preview")
+    finally:
+        subprocess.run([pulumi, "stack", "rm", "--yes", "-s", "t-tmp", "--cwd", str(project)], env=env, check=False)
+    made = Path(where.read_text())
+    assert made.parent.parent.parent == engine.home / "work", made  # <home>/work/<operation>/tmp/plugin-*
+    assert not made.exists()
+    assert list(machine_tmp.iterdir()) == []
     assert _work_dirs(engine) == []
 
 
@@ -101,7 +183,8 @@ DRIVER = textwrap.dedent(
 
 
 @pytest.mark.engine
-def test_killed_up_leaves_a_locked_stack_that_recover_cleans(tmp_path: Path) -> None:
+def test_killed_up_leaves_a_locked_stack_that_recover_cleans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pulumi_home = _pulumi_home(monkeypatch, tmp_path)
     target = tmp_path / "m"
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(target)],
@@ -120,6 +203,7 @@ def test_killed_up_leaves_a_locked_stack_that_recover_cleans(tmp_path: Path) -> 
     # the driver's process group, inside its create): nothing gets to clean up.
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert len(_workspace_files(pulumi_home)) == 1  # its operation's record of the stack it selected
 
     engine = Engine()
     assert engine.is_locked("t-killed")
@@ -130,6 +214,7 @@ def test_killed_up_leaves_a_locked_stack_that_recover_cleans(tmp_path: Path) -> 
     assert engine.list_stacks() == []
     assert not engine.is_locked("t-killed")
     assert _work_dirs(engine) == []  # the killed process's work dir was swept
+    assert _workspace_files(pulumi_home) == []  # and the CLI's record of its selected stack with it
 
 
 def test_missing_cli_gives_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -30,7 +30,12 @@ pytestmark = [
 ]
 
 
-def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_cluster: KubeCluster) -> None:
+def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(
+    kube_cluster: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine_tmp = tmp_path / "tmp"  # the temp dir of every process this test starts
+    machine_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
     engine = Engine()
     stack = new_stack_name("run", "kube")
     started = time.monotonic()
@@ -82,6 +87,9 @@ def test_a_unit_is_a_walled_pod_reached_only_through_its_port_forward(kube_clust
         destroy_stack(engine, stack)
         teardown_s = time.monotonic() - torn
     assert objects_of(kube_cluster, stack) == []
+    # The provider plugin copies the kubeconfig into a temp file on every call and never removes it: those went
+    # with each operation's folder.
+    assert list(machine_tmp.iterdir()) == []
     print(
         f"\n[measure] kubernetes unit: pulumi up {up_s:.1f} s, ready (first answer) {ready_s:.1f} s after create "
         f"(readiness poll {report.seconds:.1f} s), teardown {teardown_s:.1f} s",
