@@ -333,3 +333,16 @@ def test_desktop_image_contents(desktop_image: ImageInfo) -> None:
     # uvloop would let run_command's children inherit the reply sockets (see setup.sh)
     assert not list(root.glob("opt/cua/lib/python3*/site-packages/uvloop"))
     assert not (root / "tmp/ale-recipe").exists()
+
+
+@pytest.mark.image
+def test_the_image_s_font_folders_keep_their_times_in_a_tar_export(desktop_image: ImageInfo) -> None:
+    """A fontconfig cache holds its folder's mtime to the nanosecond; an image exported as a tar layer (docker,
+    a cluster's OCI archive) keeps whole seconds. A folder with a fraction of a second would make its cache stale
+    in every container, and each desktop client there rescan it."""
+    fractional = [
+        str(folder.relative_to(desktop_image.rootfs))
+        for folder in [desktop_image.rootfs / "usr/share/fonts", *(desktop_image.rootfs / "usr/share/fonts").rglob("*")]
+        if folder.is_dir() and folder.stat().st_mtime_ns % 1_000_000_000
+    ]
+    assert fractional == []

@@ -91,6 +91,15 @@ cleanup)
     # /usr/share/fonts/X11/{misc,Type1} after fontconfig's trigger cached them, which left those two caches
     # stale, and every sandbox rescanned both folders when its desktop started (openbox: 0.26 CPU-s of a
     # start, 0.02 with the caches current; tests/substrates/local/test_runtime.py checks none is rebuilt).
+    # The font folders' times are cut to whole seconds first: a cache holds its folder's mtime to the
+    # nanosecond, and an export as a tar layer (a docker image, a cluster's OCI archive) keeps whole seconds,
+    # so in a container every cache was stale and each fontconfig client rescanned every font (openbox: 0.44
+    # CPU-s of a docker unit's start; tests/substrates/docker/test_runtime.py checks none is rebuilt there).
+    # -L: fontconfig follows the links to folders (poppler's cMap folders) and caches what they lead to.
+    for fonts in /usr/share/fonts /usr/local/share/fonts; do
+        [ -d "$fonts" ] || continue
+        find -L "$fonts" -xdev -type d -exec sh -c 'for d; do touch -m -d "@$(stat -c %Y "$d")" "$d"; done' sh {} +
+    done
     fc-cache
     # The sandbox runtime writes its own resolv.conf when a sandbox may go outbound.
     : >/etc/resolv.conf

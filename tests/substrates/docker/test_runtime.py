@@ -130,6 +130,15 @@ def test_a_shape_larger_than_the_host_is_fitted_to_it_and_recorded(docker_image:
     assert runtime.limits_of(state.sandbox_id) is None
 
 
+def test_the_image_s_font_caches_are_current_in_a_container(unit: DockerSandboxState) -> None:
+    """The image's font caches hold up in its tar export: with a stale one, every fontconfig client of the unit
+    (openbox at its start, any application the agent opens) rescans those fonts and writes a cache of its own to
+    the unit's home (the root file system is read-only)."""
+    reply = sh(unit, "fc-list >/dev/null && ls -A /root/.cache/fontconfig 2>/dev/null | wc -l")
+    assert reply["return_code"] == 0, reply
+    assert reply["stdout"].strip() == "0", f"the unit rebuilt {reply['stdout'].strip()} font caches its image holds"
+
+
 def test_the_token_is_in_no_configuration_the_engine_shows(unit: DockerSandboxState, docker_engine: None) -> None:
     client = runtime.client()
     try:
