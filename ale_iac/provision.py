@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ale_iac.cloud_routes import KubernetesRoute
-from ale_iac.contract import UNITS_OUTPUT, UnitSpec, parse_units
+from ale_iac.contract import UNITS_OUTPUT, UnitOutputs, UnitSpec, parse_units
 from ale_iac.engine import Engine, StackNotFoundError
 from ale_iac.errors import AleIacError
 from ale_iac.infra.program import inline_program
@@ -86,16 +86,32 @@ def up_unit(
     If ``up`` fails, whatever it created is destroyed before the error propagates, so a failed
     create leaves no stack behind.
     """
+    return SandboxHandle.from_outputs(
+        stack, up_units(engine, profile, stack, [unit], on_output, initialized)[unit.name]
+    )
+
+
+def up_units(
+    engine: Engine,
+    profile: Profile,
+    stack: str,
+    units: list[UnitSpec],
+    on_output: Callable[[str], None] | None = None,
+    initialized: bool = False,
+) -> dict[str, UnitOutputs]:
+    """Declare ``units`` in a new stack of their own, in one ``up``; what the stack exports of each, by unit
+    name. As :func:`up_unit`: a failed ``up`` leaves no stack behind."""
     resolved: list[dict[str, Any]] = []
     try:
-        program = inline_program(profile, [unit], stack, on_units=resolved.append)
+        program = inline_program(profile, units, stack, on_units=resolved.append)
         engine.up_new(stack, program, on_output=on_output, initialized=initialized)
         if not resolved:
             raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
-        units = parse_units(resolved[-1])
-        if unit.name not in units:
-            raise AleIacError(f"stack '{stack}' did not export unit '{unit.name}'")
-        return SandboxHandle.from_outputs(stack, units[unit.name])
+        exported = parse_units(resolved[-1])
+        missing = [unit.name for unit in units if unit.name not in exported]
+        if missing:
+            raise AleIacError(f"stack '{stack}' did not export unit '{missing[0]}'")
+        return {unit.name: exported[unit.name] for unit in units}
     except BaseException:
         destroy_stack(engine, stack)
         raise

@@ -6,9 +6,10 @@ time minus agent time: stack up, readiness, staging, setup, grading, destroy).
 
 With ``--pool N`` the units lease from a pool stack of N local units instead (brought up first, as
 ``pulumi up`` on ``stacks/Pulumi.local.yaml`` would, and destroyed at the end): each unit is reset to a
-fresh sandbox between leases.
+fresh sandbox between leases. With ``--shared-stack`` each run makes its own such stack (``shared_stack: true``:
+a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit.
 
-    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2]
+    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2 | --shared-stack]
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--task", default="examples/tasks/cli-log-stats")
     parser.add_argument("--pool", type=int, default=0, help="lease from a pool stack of this many local units")
+    parser.add_argument(
+        "--shared-stack", action="store_true", help="one stack for each run (shared_stack: true), not one per unit"
+    )
     args = parser.parse_args()
     _time_cli_calls()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
         if not args.pool:
-            rows = _measure(args, Path(tmp), {"profile": "local"})
+            rows = _measure(args, Path(tmp), {"profile": "local", "shared_stack": args.shared_stack})
         else:
             engine = Engine()
             profile = resolve_profile("local").profile
@@ -54,7 +58,13 @@ def main() -> None:
                 rows = _measure(args, Path(tmp), {"pool": POOL})
             finally:
                 engine.destroy(POOL)
-    source = f"a pool of {args.pool} local units" if args.pool else "ephemeral stacks, local profile"
+    source = (
+        f"a pool of {args.pool} local units"
+        if args.pool
+        else "a shared stack per run, local profile"
+        if args.shared_stack
+        else "ephemeral stacks, local profile"
+    )
     print(f"{args.units} units of {args.task} with the scripted agent, {source}")
     print(f"{'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s (median)':>25} {'agent s (median)':>17}")
     for jobs, wall, over, agent, _ in rows:
@@ -99,6 +109,12 @@ def engine_time_lines() -> list[str]:
     units = {stack: calls for stack, calls in CLI_CALLS.items() if stack.startswith("run-")}
     if not units:
         return []
+    shared = [calls for stack, calls in units.items() if "-shared-" in stack]
+    if shared:
+        [calls] = shared
+        total_s = sum(seconds for _, seconds in calls)
+        split = ", ".join(f"{op} {seconds:.2f}" for op, seconds in calls)
+        return [f"engine time of the run's shared stack: {total_s:.2f} s in {len(calls)} CLI calls ({split})"]
     total = [sum(seconds for _, seconds in calls) for calls in units.values()]
     ups = [sum(seconds for op, seconds in calls if op == "up") for calls in units.values()]
     counts = statistics.median(len(calls) for calls in units.values())

@@ -24,6 +24,12 @@ def evaluate(
         None, "--retain-below", help="Also retain the sandbox of any unit that scored below this (0..1)."
     ),
     jobs: int = typer.Option(None, "-j", "--jobs", help="Units run at once."),
+    shared_stack: bool = typer.Option(
+        None,
+        "--shared-stack/--stack-per-unit",
+        help="One stack for the run (a sandbox per -j slot, reset between units, destroyed at the end) instead of "
+        "one per unit: two engine calls for the whole run (docs/experiments.md).",
+    ),
     out: Path = typer.Option(None, "--out", help="Output root for run records."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
     model_plan: Path = typer.Option(
@@ -49,6 +55,7 @@ def evaluate(
         "cleanup": cleanup.value if cleanup else None,
         "retain_below": retain_below,
         "concurrency": jobs,
+        "shared_stack": shared_stack,
         "output_root": str(out.resolve()) if out else None,
         "model_plan": str(model_plan.resolve()) if model_plan else None,
     }

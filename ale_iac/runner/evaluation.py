@@ -29,7 +29,7 @@ from ale_iac.agent_sdk.executor_registry import executor_class
 from ale_iac.bridges.warm import WARM_ENV, WarmBridges
 from ale_iac.egress_policy import EgressPolicy
 from ale_iac.engine import Engine
-from ale_iac.errors import AleIacError, ConfigError, Problems
+from ale_iac.errors import AleIacError, ConfigError, Problems, one_line
 from ale_iac.llm.gateway import ModelGateway
 from ale_iac.profile import CleanupMode, LoadedProfile, Profile, resolve_profile
 from ale_iac.provision import destroy_stack, ensure_images
@@ -42,6 +42,7 @@ from ale_iac.runner.progress import Progress
 from ale_iac.runner.provisioners import RETAINED, Pool, PoolProvisioner, Provisioner, StackProvisioner, static_pool
 from ale_iac.runner.records import MANIFEST, Redactor
 from ale_iac.runner.run_claims import RunRegistry, read_claims
+from ale_iac.runner.shared_stack import SharedStack, check_shared_stack
 from ale_iac.runner.status import UnitStatus
 from ale_iac.runner.tasks import CARD_NAME, Task
 from ale_iac.sandbox.client import ComputerServerClient
@@ -217,6 +218,7 @@ def setup_record(experiment: Experiment, loaded: LoadedProfile | None) -> dict[s
         "profile": loaded.profile.name if loaded else None,
         "profile_file": loaded.source if loaded else None,
         "pool": experiment.spec.pool,
+        "shared_stack": experiment.spec.shared_stack,
         "agents": [
             {
                 "name": agent.name,
@@ -339,16 +341,18 @@ class _RunRecord:
 
 
 def _provisioners(
-    sources: _Sources, run_id: str, registry: RunRegistry, spec: ExperimentSpec
-) -> Callable[[], Provisioner]:
-    """Where each unit's sandbox comes from: a lease of the pool (a pool stack's, or a static profile's),
-    or an ephemeral stack of the profile."""
+    sources: _Sources, run_id: str, registry: RunRegistry, spec: ExperimentSpec, shared: SharedStack | None
+) -> Callable[[UnitPlan], Provisioner]:
+    """Where each unit's sandbox comes from: a lease of the pool (a pool stack's, or a static profile's), of
+    the run's shared stack, or an ephemeral stack of the profile."""
     pool, profile = sources.pool, sources.profile
     if pool is not None:
-        return lambda: PoolProvisioner(pool, lease_timeout_s=spec.unit_timeout_s)
+        return lambda _plan: PoolProvisioner(pool, lease_timeout_s=spec.unit_timeout_s)
+    if shared is not None:
+        return lambda plan: PoolProvisioner(shared.pool_for(plan), lease_timeout_s=spec.unit_timeout_s)
     if profile is None:
         raise AleIacError("an experiment needs a profile or a pool")
-    return lambda: StackProvisioner(sources.engine, profile, run_id, sources.cleanup, registry, spec.retain_below)
+    return lambda _plan: StackProvisioner(sources.engine, profile, run_id, sources.cleanup, registry, spec.retain_below)
 
 
 def _checked(experiment: Experiment) -> tuple[dict[str, str], LoadedProfile | None]:
@@ -361,6 +365,9 @@ def _checked(experiment: Experiment) -> tuple[dict[str, str], LoadedProfile | No
     loaded = None if spec.pool else resolve_profile(spec.profile or "local", named_in=experiment.source)
     if loaded is not None:
         _check_routes(experiment, loaded.profile)
+        if spec.shared_stack:
+            cleanup = spec.cleanup or loaded.profile.cleanup
+            check_shared_stack(loaded.profile, experiment.units, cleanup, spec.retain_below, experiment.source)
     return secrets_env, loaded
 
 
@@ -512,11 +519,12 @@ def run_experiment(
     else:
         record = _new_record(experiment, loaded, sources.cleanup, redactor)
     registry = RunRegistry(record.run_id, record.run_dir, keep_retained=resume)
+    shared = _open_shared_stack(sources, record, registry, spec.concurrency, console) if spec.shared_stack else None
     progress = Progress(record.plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {record.run_id}")
     ctx = RunContext(
         run_id=record.run_id,
         run_dir=record.run_dir,
-        provisioner=_provisioners(sources, record.run_id, registry, spec),
+        provisioner=_provisioners(sources, record.run_id, registry, spec, shared),
         cleanup=sources.cleanup,
         unit_timeout_s=spec.unit_timeout_s,
         registry=registry,
@@ -530,9 +538,37 @@ def run_experiment(
         with _shared_services(experiment, ctx, console), progress.display():
             outcomes, interrupted = asyncio.run(_run_all(record.plans, ctx, spec.concurrency, progress))
     finally:
+        if shared is not None:
+            _close_shared_stack(shared, console)
         registry.close()
         sources.engine.close()
     return _summary(record, outcomes, interrupted)
+
+
+def _open_shared_stack(
+    sources: _Sources, record: _RunRecord, registry: RunRegistry, concurrency: int, console: Console
+) -> SharedStack:
+    """The run's shared stack, up before the first unit starts (``ale_iac.runner.shared_stack``)."""
+    assert sources.profile is not None  # checked: a profile run
+    shared = SharedStack(sources.engine, sources.profile, record.run_id, registry)
+    console.print(f"[dim]shared stack {shared.stack}: bringing it up[/dim]", highlight=False)
+    try:
+        shared.open(record.plans, concurrency)
+    except BaseException:
+        registry.close()
+        sources.engine.close()
+        raise
+    return shared
+
+
+def _close_shared_stack(shared: SharedStack, console: Console) -> None:
+    try:
+        shared.close()
+    except Exception as exc:
+        console.print(
+            f"[red]shared stack {shared.stack} was not destroyed: {one_line(exc)} (remove it with: ale-iac gc)[/red]",
+            highlight=False,
+        )
 
 
 def mean_line(outcomes: list[UnitOutcome]) -> str | None:

@@ -8,6 +8,7 @@
     repeats: 1
     profile: local                     # or pool: <stack> to lease units of a pool stack
     concurrency: 2
+    shared_stack: false                # true: one stack of `concurrency` sandboxes for the run, reset between units
     cleanup: destroy                   # destroy | retain | retain-on-failure
     retain_below: 0.5                  # also retain units that scored below this (optional)
     unit_timeout_s: 600
@@ -53,6 +54,11 @@ class ExperimentSpec(BaseModel):
     profile: str | None = Field(default=None, description="Environment profile (default: local).")
     pool: str | None = Field(default=None, description="Lease units from this pool stack instead.")
     concurrency: int = Field(default=1, ge=1, le=256)
+    shared_stack: bool = Field(
+        default=False,
+        description="One stack for the run instead of one per unit: a sandbox per concurrency slot, brought up "
+        "once, reset between units by its substrate (reset: restore), destroyed when the run ends.",
+    )
     cleanup: CleanupMode | None = Field(default=None, description="Default: the profile's mode.")
     retain_below: float | None = Field(
         default=None,
@@ -72,6 +78,8 @@ class ExperimentSpec(BaseModel):
     def _one_target(self) -> ExperimentSpec:
         if self.profile and self.pool:
             raise ValueError("give either profile or pool, not both")
+        if self.shared_stack and self.pool:
+            raise ValueError("shared_stack is for a profile's units: a pool's units are shared already")
         return self
 
 
@@ -117,10 +125,10 @@ class Experiment:
 
     def fingerprint(self) -> str:
         """What --resume compares, so that one run never mixes two graders or two agents: the spec
-        (minus output and concurrency), each agent preset and its deployer file, and each task's
+        (minus output, concurrency and shared_stack), each agent preset and its deployer file, and each task's
         whole folder (card, ``main.py`` hooks, inputs, hidden reference), by content."""
         data = {
-            "spec": self.spec.model_dump(mode="json", exclude={"output_root", "concurrency"}),
+            "spec": self.spec.model_dump(mode="json", exclude={"output_root", "concurrency", "shared_stack"}),
             "agents": [
                 {**a.model_dump(mode="json", exclude={"source_dir"}), "deployer_file": _deployer_digest(a)}
                 for a in self.agents

@@ -65,7 +65,8 @@ HOOKS_LOG = "hooks.log"
 class RunContext:
     run_id: str
     run_dir: Path
-    provisioner: Callable[[], Provisioner]
+    provisioner: Callable[[UnitPlan], Provisioner]
+    """Makes a unit's provisioner, for its plan."""
     """A fresh provisioner for each unit."""
     registry: RunRegistry
     """The stacks this run claimed (what a second interrupt reports as left behind)."""
@@ -239,7 +240,7 @@ async def run_unit(plan: UnitPlan, ctx: RunContext) -> UnitOutcome:
     run's summary lists it. One cancelled while it waits for its slot raises ``CancelledError``: it never
     started, and has no record."""
     slot = _Slot(ctx.slots)
-    provisioner = ctx.provisioner()
+    provisioner = ctx.provisioner(plan)
     try:
         await _prepare_then_take(provisioner, plan, ctx, slot)
         unit = _Unit(plan, ctx)

@@ -100,6 +100,48 @@ def test_demo_experiment_scores_one_with_the_reference_agent(tmp_path: Path) -> 
     _assert_nothing_left()
 
 
+CLEAN_SLATE_MAIN = """
+async def setup(sandbox):
+    left = await sandbox.run("cat /root/left-by-a-unit /tmp/left-by-a-unit 2>/dev/null; true")
+    if left.stdout.strip():
+        raise RuntimeError("an earlier unit's files are here: " + left.stdout.strip())
+    await sandbox.run("echo left > /root/left-by-a-unit && echo left > /tmp/left-by-a-unit")
+
+
+async def evaluate(sandbox):
+    result = await sandbox.run(f"cat {sandbox.output_dir}/answer.txt")
+    return 1.0 if result.stdout.split()[:1] == ["42"] else 0.0
+"""
+
+
+def test_a_shared_stack_run_makes_one_stack_and_resets_each_sandbox_between_units(lab: Path) -> None:
+    """Four units at -j 2 on a shared stack: one ``up`` of two sandboxes and one ``destroy`` for the whole run,
+    each sandbox used by two units in turn and reset between them (the task's setup refuses any file an earlier
+    unit left in the home or /tmp, and leaves its own)."""
+    (lab / "answer" / "main.py").write_text(CLEAN_SLATE_MAIN)
+    summary = _run(_experiment(lab, ["writer"], ["answer"], repeats=4, concurrency=2, shared_stack=True))
+    assert [(o.status, o.score) for o in summary.outcomes] == [("succeeded", 1.0)] * 4, summary.outcomes
+    assert {o.cleanup for o in summary.outcomes} == {"unit reset, lease released"}
+    engine = Engine()
+    logs = sorted((engine.home / "logs" / "stacks").glob("*.log"))
+    [stack] = [log.stem for log in logs]
+    assert "-shared-" in stack
+    operations = [line.split()[2] for line in logs[0].read_text().splitlines() if line.startswith("====")]
+    assert operations == ["up", "destroy"]  # the run's engine calls: no stack per unit
+    leased: list[tuple[str, str]] = []
+    for outcome in summary.outcomes:
+        events = [
+            json.loads(line) for line in (summary.run_dir / outcome.unit_id / "events.jsonl").read_text().splitlines()
+        ]
+        [lease] = [e for e in events if e["event"] == "leased"]
+        leased.append((lease["stack"], lease["unit"]))
+    assert {s for s, _ in leased} == {stack} and sorted(u for _, u in leased) == ["g0-u0", "g0-u0", "g0-u1", "g0-u1"]
+    manifest = json.loads((summary.run_dir / "experiment.json").read_text())
+    assert manifest["shared_stack"] is True
+    assert not (engine.home / "leases" / stack).exists()
+    _assert_nothing_left(engine)
+
+
 def test_a_wrong_plan_scores_below_one(tmp_path: Path) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(
@@ -289,6 +331,19 @@ def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR anew
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_sigkilled_shared_stack_run_is_recovered_by_gc(lab: Path, private_tmp: Path) -> None:
+    proc = _start_run(lab, ["sleepy"], ["answer"], repeats=3, concurrency=2, unit_timeout_s=600, shared_stack=True)
+    _wait_for_agents(lab, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    engine = Engine()
+    [stack] = engine.list_stacks()
+    assert "-shared-" in stack.name and len(local_sandboxes.list_sandboxes()) == 2
+    report = collect(engine)
+    assert report.destroyed == [stack.name] and report.errors == []
+    _assert_nothing_left(engine)
 
 
 def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path, private_tmp: Path) -> None:

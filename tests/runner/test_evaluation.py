@@ -24,6 +24,7 @@ def test_the_manifest_says_which_profile_executor_and_model_a_run_uses(tmp_path:
         "profile": "local",
         "profile_file": str(stacks_dir() / "Pulumi.local.yaml"),
         "pool": None,
+        "shared_stack": False,
         "agents": [
             {"name": "writer", "executor": "local", "model": None, "model_base_url": None},
             {"name": "modeled", "executor": "local", "model": "m-1", "model_base_url": "http://127.0.0.1:9"},
@@ -34,5 +35,6 @@ def test_the_manifest_says_which_profile_executor_and_model_a_run_uses(tmp_path:
         "profile": None,
         "profile_file": None,
         "pool": "local",
+        "shared_stack": False,
         "agents": [],
     }

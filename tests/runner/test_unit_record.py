@@ -127,7 +127,7 @@ def _unit(tmp_path: Path) -> _Unit:
     ctx = RunContext(
         run_id="r",
         run_dir=tmp_path / "run",
-        provisioner=lambda: cast(Any, None),
+        provisioner=lambda _plan: cast(Any, None),
         registry=RunRegistry("r", tmp_path / "run"),
         cleanup=CleanupMode.DESTROY,
         unit_timeout_s=10,

@@ -1,0 +1,64 @@
+"""What a shared stack (``shared_stack: true``) refuses, before anything is made: a run whose units' sandboxes it
+could not reset between units, or would have to keep. Its runs themselves: tests/runner/test_evaluate.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ale_iac.errors import ConfigError
+from ale_iac.profile import CleanupMode, parse_profile, resolve_profile
+from ale_iac.runner.evaluation import run_experiment
+from ale_iac.runner.experiment import load_experiment
+from ale_iac.runner.shared_stack import check_shared_stack
+from tests.support.tasks import make_preset, make_task
+
+
+def _experiment(tmp_path: Path, **fields: object) -> Path:
+    make_task(tmp_path, "answer")
+    make_preset(tmp_path, "writer", "WriterAgent")
+    path = tmp_path / "exp.yaml"
+    spec = {"name": "t", "agents": ["writer.yaml"], "tasks": ["answer"], "shared_stack": True, **fields}
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"cleanup": "retain"}, "cleanup 'retain' cannot keep one"),
+        ({"cleanup": "retain-on-failure"}, "cleanup 'retain-on-failure' cannot keep one"),
+        ({"retain_below": 0.5}, "retain_below cannot keep one"),
+        ({"profile": "static"}, "is not reset by its substrate without the engine"),
+    ],
+)
+def test_a_run_it_cannot_serve_is_refused_naming_the_file_and_field(
+    tmp_path: Path, fields: dict[str, object], says: str
+) -> None:
+    path = _experiment(tmp_path, **fields)
+    with pytest.raises(ConfigError) as caught:
+        run_experiment(load_experiment(path))
+    assert caught.value.source == str(path) and caught.value.field == "shared_stack"
+    assert says in caught.value.detail
+    assert not (tmp_path / "runs").exists()  # refused before the run's record, engine or any stack
+
+
+def test_a_route_reset_through_the_engine_is_refused(tmp_path: Path) -> None:
+    """A host route whose units are remade by ``pulumi up --replace`` (``reset: recreate``) would cost an engine
+    call per unit again."""
+    local = resolve_profile("local").profile
+    data = local.model_dump(mode="json")
+    for route in data["snapshots"].values():
+        route["reset"] = "recreate"
+    profile = parse_profile(data, "recreating.yaml").profile
+    experiment = load_experiment(_experiment(tmp_path))
+    with pytest.raises(ConfigError, match="reset: recreate"):
+        check_shared_stack(profile, experiment.units, CleanupMode.DESTROY, None, experiment.source)
+    check_shared_stack(local, experiment.units, CleanupMode.DESTROY, None, experiment.source)  # restore: served
+
+
+def test_with_a_pool_it_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a pool's units are shared already"):
+        load_experiment(_experiment(tmp_path, pool="some-pool"))
