@@ -7,9 +7,10 @@ time minus agent time: stack up, readiness, staging, setup, grading, destroy).
 With ``--pool N`` the units lease from a pool stack of N local units instead (brought up first, as
 ``pulumi up`` on ``stacks/Pulumi.local.yaml`` would, and destroyed at the end): each unit is reset to a
 fresh sandbox between leases. With ``--shared-stack`` each run makes its own such stack (``shared_stack: true``:
-a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit.
+a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit; with ``--both``,
+each -j runs a stack per unit and then a shared stack, side by side.
 
-    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2 | --shared-stack]
+    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2 | --shared-stack | --both]
 """
 
 from __future__ import annotations
@@ -44,44 +45,46 @@ def main() -> None:
     parser.add_argument(
         "--shared-stack", action="store_true", help="one stack for each run (shared_stack: true), not one per unit"
     )
+    parser.add_argument(
+        "--both", action="store_true", help="at each -j, a stack per unit and then a shared stack, side by side"
+    )
     args = parser.parse_args()
     _time_cli_calls()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
         if not args.pool:
-            rows = _measure(args, Path(tmp), {"profile": "local", "shared_stack": args.shared_stack})
+            arms = [False, True] if args.both else [args.shared_stack]
+            rows = [
+                _measure(args, Path(tmp), {"profile": "local", "shared_stack": shared}, jobs)
+                for jobs in args.jobs
+                for shared in arms
+            ]
         else:
             engine = Engine()
             profile = resolve_profile("local").profile
             engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=args.pool), POOL), POOL))
             try:
-                rows = _measure(args, Path(tmp), {"pool": POOL})
+                rows = [_measure(args, Path(tmp), {"pool": POOL}, jobs) for jobs in args.jobs]
             finally:
                 engine.destroy(POOL)
-    source = (
-        f"a pool of {args.pool} local units"
-        if args.pool
-        else "a shared stack per run, local profile"
-        if args.shared_stack
-        else "ephemeral stacks, local profile"
-    )
-    print(f"{args.units} units of {args.task} with the scripted agent, {source}")
-    print(f"{'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s (median)':>25} {'agent s (median)':>17}")
-    for jobs, wall, over, agent, _ in rows:
-        print(f"{jobs:>4} {wall:8.1f} {3600 * args.units / wall:10.0f} {over:25.2f} {agent:17.2f}")
+    print(f"{args.units} units of {args.task} with the scripted agent, local profile")
+    print(f"{'source':>26} {'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s':>16} {'agent s':>8}")
+    for label, jobs, wall, over, agent, _ in rows:
+        print(f"{label:>26} {jobs:>4} {wall:8.1f} {3600 * args.units / wall:10.0f} {over:16.2f} {agent:8.2f}")
     print("median seconds per phase:")
-    for jobs, *_, phases in rows:
+    for label, jobs, *_, phases in rows:
         cells = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
-        print(f"  -j {jobs}: {cells}")
-    for jobs, lines in ENGINE_LINES.items():
+        print(f"  {label}, -j {jobs}: {cells}")
+    for (label, jobs), lines in ENGINE_LINES.items():
         for line in lines:
-            print(f"  -j {jobs}: {line}")
+            print(f"  {label}, -j {jobs}: {line}")
 
 
-Row = tuple[int, float, float, float, dict[str, list[float]]]
+Row = tuple[str, int, float, float, float, dict[str, list[float]]]
+"""source, -j, wall seconds, median overhead per unit, median agent seconds, seconds per phase."""
 
-ENGINE_LINES: dict[int, list[str]] = {}
-"""Per concurrency: the engine-time summary of that run's unit stacks."""
+ENGINE_LINES: dict[tuple[str, int], list[str]] = {}
+"""Per (source, concurrency): the engine-time summary of that run's stacks."""
 CLI_CALLS: dict[str, list[tuple[str, float]]] = {}
 """Per stack: each Pulumi CLI call the run made on it (operation, seconds), timed around the SDK's call."""
 
@@ -129,8 +132,8 @@ def engine_time_lines() -> list[str]:
     ]
 
 
-def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> list[Row]:
-    rows: list[Row] = []
+def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, object], jobs: int) -> Row:
+    label = "pool stack" if "pool" in source else "shared stack" if source.get("shared_stack") else "a stack per unit"
     exp = tmp / "bench.yaml"
     exp.write_text(
         json.dumps(
@@ -145,24 +148,22 @@ def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, str]) -> lis
         )
     )
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - lives for the whole benchmark
-    for jobs in args.jobs:
-        CLI_CALLS.clear()
-        start = time.perf_counter()
-        summary = run_experiment(load_experiment(exp, {"concurrency": jobs}), console=quiet)
-        wall = time.perf_counter() - start
-        bad = [o for o in summary.outcomes if o.status != "succeeded"]
-        if bad:
-            raise SystemExit(f"units failed: {[(o.unit_id, o.status, o.error) for o in bad]}")
-        overhead = [o.duration_s - o.agent_s for o in summary.outcomes]
-        agent = [o.agent_s for o in summary.outcomes]
-        phases: dict[str, list[float]] = {}
-        for o in summary.outcomes:
-            run = json.loads((summary.run_dir / o.unit_id / "run.json").read_text())
-            for name, phase in run["phases"].items():
-                phases.setdefault(name, []).append(phase.get("seconds", 0.0))
-        rows.append((jobs, wall, statistics.median(overhead), statistics.median(agent), phases))
-        ENGINE_LINES[jobs] = engine_time_lines()
-    return rows
+    CLI_CALLS.clear()
+    start = time.perf_counter()
+    summary = run_experiment(load_experiment(exp, {"concurrency": jobs}), console=quiet)
+    wall = time.perf_counter() - start
+    bad = [o for o in summary.outcomes if o.status != "succeeded"]
+    if bad:
+        raise SystemExit(f"units failed: {[(o.unit_id, o.status, o.error) for o in bad]}")
+    overhead = [o.duration_s - o.agent_s for o in summary.outcomes]
+    agent = [o.agent_s for o in summary.outcomes]
+    phases: dict[str, list[float]] = {}
+    for o in summary.outcomes:
+        run = json.loads((summary.run_dir / o.unit_id / "run.json").read_text())
+        for name, phase in run["phases"].items():
+            phases.setdefault(name, []).append(phase.get("seconds", 0.0))
+    ENGINE_LINES[(label, jobs)] = engine_time_lines()
+    return label, jobs, wall, statistics.median(overhead), statistics.median(agent), phases
 
 
 if __name__ == "__main__":

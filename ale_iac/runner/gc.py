@@ -30,6 +30,7 @@ from ale_iac.engine import Engine, sweep_orphan_providers
 from ale_iac.errors import AleIacError
 from ale_iac.files import sweep_private_dirs
 from ale_iac.provision import destroy_stack, made_here
+from ale_iac.runner import leases
 from ale_iac.runner.run_claims import read_claims, runs_dir
 from ale_iac.sandbox.portforward import sweep_orphans as sweep_forward_orphans
 from ale_iac.substrates import egress, registry
@@ -109,6 +110,7 @@ def collect(
             destroy_stack(engine, name)
             report.destroyed.append(name)
             existing.discard(name)
+            leases.forget_stack(name, leases.record_store(engine.backend_url))  # a run's shared stack had some
         except AleIacError as exc:
             report.errors.append(f"{name}: {exc}")
 

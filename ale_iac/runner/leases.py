@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -279,6 +280,13 @@ class Lease:
 
 def lock_dir(stack: str) -> Path:
     return ale_home() / "leases" / stack
+
+
+def forget_stack(stack: str, store: RecordStore | None) -> None:
+    """Remove a destroyed stack's leases: this home's locks, and its records and dirty markers in the backend."""
+    shutil.rmtree(lock_dir(stack), ignore_errors=True)
+    if store is not None:
+        shutil.rmtree(store.folder(stack), ignore_errors=True)
 
 
 def dirty_marker(stack: str, unit: str, store: RecordStore | None) -> Path:

@@ -18,7 +18,6 @@ substrate), and only when no unit's sandbox is kept after it ends (cleanup ``des
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -127,7 +126,4 @@ class SharedStack:
         by this run, so ``ale-iac gc`` finds it once the run has ended."""
         destroy_stack(self.engine, self.stack)
         self.registry.release(self.stack)
-        shutil.rmtree(leases.lock_dir(self.stack), ignore_errors=True)
-        records = leases.record_store(self.engine.backend_url)
-        if records is not None:
-            shutil.rmtree(records.folder(self.stack), ignore_errors=True)
+        leases.forget_stack(self.stack, leases.record_store(self.engine.backend_url))

@@ -341,8 +341,12 @@ def test_a_sigkilled_shared_stack_run_is_recovered_by_gc(lab: Path, private_tmp:
     engine = Engine()
     [stack] = engine.list_stacks()
     assert "-shared-" in stack.name and len(local_sandboxes.list_sandboxes()) == 2
+    records = engine.home / "state" / ".ale-iac" / "leases" / stack.name  # lease records and dirty markers
+    assert (engine.home / "leases" / stack.name).is_dir() and records.is_dir()  # held when the run was killed
     report = collect(engine)
     assert report.destroyed == [stack.name] and report.errors == []
+    assert not (engine.home / "leases" / stack.name).exists()
+    assert not records.exists()
     _assert_nothing_left(engine)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -74,15 +75,17 @@ def pool_project(engine: Engine, folder: Path, stack: str, stack_file: str) -> P
 
 def plain_pulumi(engine: Engine, project: Path, *args: str) -> str:
     """``pulumi ARGS`` on ``project`` with the engine's toolchain and backend, as a user would run it; its
-    stdout (a failure fails the test with the CLI's output)."""
-    out = subprocess.run(
-        [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
-        env={**os.environ, **engine.env_vars()},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    stdout (a failure fails the test with the CLI's output). Its temp dir is a folder of its own, removed after
+    it: the Kubernetes provider plugin leaves a copy of the kubeconfig there on every call."""
+    with tempfile.TemporaryDirectory(prefix="plain-pulumi-") as scratch:
+        out = subprocess.run(
+            [str(engine.toolchain.pulumi), *args, "--non-interactive", "--cwd", str(project)],
+            env={**os.environ, **engine.env_vars(), "TMPDIR": scratch},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
