@@ -28,7 +28,7 @@ def evaluate(
         None,
         "--shared-stack/--stack-per-unit",
         help="One stack for the run (a sandbox per -j slot, reset between units, destroyed at the end) instead of "
-        "one per unit: two engine calls for the whole run (docs/experiments.md).",
+        "one per unit: three CLI calls for the whole run, not three per unit (docs/experiments.md).",
     ),
     out: Path = typer.Option(None, "--out", help="Output root for run records."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
