@@ -82,6 +82,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     swept = leftovers.sweep_session(Path(basetemp)) if basetemp else leftovers.sweep_earlier_sessions()
     for home, report in swept.items():
         print(f"[tests] an earlier session left units in {home}; ale-iac gc: {report}", file=sys.stderr)
+    config.stash[_DOCKER_WAS_UP] = preconditions.docker_engine_answers()
+
+
+_DOCKER_WAS_UP = pytest.StashKey[bool]()
+"""Whether ale-iac's Docker engine answered when the session started."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the Docker engine if this session started it (the ``docker`` precondition starts it where none runs,
+    on whichever worker first needs it); one that ran before the session is left running. Once per run: on the
+    xdist controller, after its workers have finished, or the one process."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.stash.get(_DOCKER_WAS_UP, True):
+        return
+    if preconditions.docker_engine_answers():
+        print(f"\n[tests] {preconditions.stop_docker_engine()} (this session started it)", file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -25,7 +25,7 @@ from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.run_claims import read_claims
 from ale_iac.substrates.local import sandboxes as local_sandboxes
-from tests.support.tasks import make_preset, make_task
+from tests.support.tasks import make_clean_slate_task, make_preset, make_task
 
 # One xdist group (the module's tests on one worker; what they count is this test's home's, and the hanging
 # agent's `sleep 3599` is this module's alone, so the other worker may run anything). Whole runs, up to 68 s
@@ -100,26 +100,12 @@ def test_demo_experiment_scores_one_with_the_reference_agent(tmp_path: Path) -> 
     _assert_nothing_left()
 
 
-CLEAN_SLATE_MAIN = """
-async def setup(sandbox):
-    left = await sandbox.run("cat /root/left-by-a-unit /tmp/left-by-a-unit 2>/dev/null; true")
-    if left.stdout.strip():
-        raise RuntimeError("an earlier unit's files are here: " + left.stdout.strip())
-    await sandbox.run("echo left > /root/left-by-a-unit && echo left > /tmp/left-by-a-unit")
-
-
-async def evaluate(sandbox):
-    result = await sandbox.run(f"cat {sandbox.output_dir}/answer.txt")
-    return 1.0 if result.stdout.split()[:1] == ["42"] else 0.0
-"""
-
-
 def test_a_shared_stack_run_makes_one_stack_and_resets_each_sandbox_between_units(lab: Path) -> None:
     """Four units at -j 2 on a shared stack: one ``up`` of two sandboxes and one ``destroy`` for the whole run,
     each sandbox used by two units in turn and reset between them (the task's setup refuses any file an earlier
     unit left in the home or /tmp, and leaves its own)."""
-    (lab / "answer" / "main.py").write_text(CLEAN_SLATE_MAIN)
-    summary = _run(_experiment(lab, ["writer"], ["answer"], repeats=4, concurrency=2, shared_stack=True))
+    make_clean_slate_task(lab, "clean-slate")
+    summary = _run(_experiment(lab, ["writer"], ["clean-slate"], repeats=4, concurrency=2, shared_stack=True))
     assert [(o.status, o.score) for o in summary.outcomes] == [("succeeded", 1.0)] * 4, summary.outcomes
     assert {o.cleanup for o in summary.outcomes} == {"unit reset, lease released"}
     engine = Engine()

@@ -101,3 +101,22 @@ async def _bulk_transport_works(handle: SandboxHandle) -> None:
         assert runtime.copy_in(handle.container_id, Path(folder), f"{handle.paths.home}/bulk") == 1
     async with handle.client() as client:
         assert await client.read_text(f"{handle.paths.home}/bulk/probe.txt") == "probe"
+
+
+def test_a_shared_stack_run_on_the_docker_profile_gives_each_unit_a_new_container(tmp_path: Path) -> None:
+    """Three units at -j 1 on one docker unit of a shared stack: each finds none of the files the unit before it
+    left (a new container, volumes and network each time), and nothing is left after the run."""
+    from ale_iac.runner.evaluation import run_experiment
+    from ale_iac.runner.experiment import load_experiment
+    from tests.support.tasks import make_clean_slate_task, make_preset
+
+    make_clean_slate_task(tmp_path, "clean-slate")
+    make_preset(tmp_path, "writer", "WriterAgent")
+    spec = {"name": "t", "agents": ["writer.yaml"], "tasks": ["clean-slate"], "repeats": 3, "profile": "docker"}
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps({**spec, "shared_stack": True}))
+    summary = run_experiment(load_experiment(path))
+    assert [(o.status, o.score) for o in summary.outcomes] == [("succeeded", 1.0)] * 3, summary.outcomes
+    assert {o.cleanup for o in summary.outcomes} == {"unit reset, lease released"}
+    assert Engine().list_stacks() == []
+    assert runtime.list_sandboxes() == []  # this home's units

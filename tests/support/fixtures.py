@@ -9,7 +9,8 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins = ["tests.support.fixtures"]``
 * ``sandbox_factory`` (function): ``make(**spec_fields)`` starts more sandboxes (in the test's
   ale-iac home) and waits until they answer; all are stopped at teardown, pass or fail.
 * ``docker_engine`` (session): a Docker engine that answers (the ``docker`` precondition starts it with
-  scripts/dockerd.sh where none runs; it is left running). ``docker_image`` (session): the desktop image in it.
+  scripts/dockerd.sh where none runs; tests/conftest.py stops it when the session ends if the session started
+  it). ``docker_image`` (session): the desktop image in it.
 * ``computer_server_endpoint`` (session): a real computer-server (URL and token) for the client and
   bridge tests: the session's ``local_sandbox``, or the one ``ALE_IAC_TEST_ENDPOINT`` names (and
   ``ALE_IAC_ENDPOINT_TOKEN`` if it needs one): another substrate's sandbox, a static endpoint. It must be

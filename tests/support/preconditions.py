@@ -106,17 +106,39 @@ def _rootless() -> str | None:
     return "rootless sandboxes cannot be tested here: " + "; ".join(failed) if failed else None
 
 
+DOCKERD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "dockerd.sh"
+
+
+def docker_engine_answers() -> bool:
+    """Whether ale-iac's Docker engine answers on its socket now (nothing is started)."""
+    from ale_iac.docker_engine import client as docker_client
+    from ale_iac.errors import AleIacError
+
+    try:
+        docker_client(timeout=10).close()
+    except AleIacError:
+        return False
+    return True
+
+
+def stop_docker_engine() -> str:
+    """``scripts/dockerd.sh stop``: the dockerd that script started, by the pid it recorded (nothing else); what
+    it said."""
+    import subprocess
+
+    done = subprocess.run(["bash", str(DOCKERD_SCRIPT), "stop"], capture_output=True, text=True, check=False)
+    return (done.stdout + done.stderr).strip()
+
+
 def _start_docker_engine() -> str | None:
     """Start the Docker engine with scripts/dockerd.sh (idempotent, one start at a time under its lock);
     None once it answers, else why not."""
     import subprocess
-    from pathlib import Path
 
     from ale_iac.docker_engine import client as docker_client
     from ale_iac.errors import AleIacError
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "dockerd.sh"
-    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    proc = subprocess.run(["bash", str(DOCKERD_SCRIPT)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return f"scripts/dockerd.sh failed (exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()}"
     try:

@@ -36,6 +36,27 @@ def make_task(root: Path, task_id: str, fail_setup: bool = False) -> None:
     (folder / "reference" / "answer.txt").write_text("42\n")
 
 
+CLEAN_SLATE_MAIN = """
+async def setup(sandbox):
+    left = await sandbox.run("cat /root/left-by-a-unit /tmp/left-by-a-unit 2>/dev/null; true")
+    if left.stdout.strip():
+        raise RuntimeError("an earlier unit's files are here: " + left.stdout.strip())
+    await sandbox.run("echo left > /root/left-by-a-unit && echo left > /tmp/left-by-a-unit")
+
+
+async def evaluate(sandbox):
+    result = await sandbox.run(f"cat {sandbox.output_dir}/answer.txt")
+    return 1.0 if result.stdout.split()[:1] == ["42"] else 0.0
+"""
+
+
+def make_clean_slate_task(root: Path, task_id: str) -> None:
+    """``root/task_id/``: the 6*7 task, whose setup fails on any file an earlier unit's setup left in the home or
+    /tmp of its sandbox, and leaves its own (for runs whose units share sandboxes, reset between them)."""
+    make_task(root, task_id)
+    (root / task_id / "main.py").write_text(CLEAN_SLATE_MAIN)
+
+
 def make_preset(root: Path, name: str, cls: str, extra: str = "") -> None:
     """``root/name.yaml``: a preset for the deployer class ``cls`` of ``tests/support/agents.py``."""
     (root / f"{name}.yaml").write_text(f"name: {name}\ndeployer: tests.support.agents:{cls}\n{extra}")
