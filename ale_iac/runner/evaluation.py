@@ -519,22 +519,26 @@ def run_experiment(
     else:
         record = _new_record(experiment, loaded, sources.cleanup, redactor)
     registry = RunRegistry(record.run_id, record.run_dir, keep_retained=resume)
-    shared = _open_shared_stack(sources, record, registry, spec.concurrency, console) if spec.shared_stack else None
-    progress = Progress(record.plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {record.run_id}")
-    ctx = RunContext(
-        run_id=record.run_id,
-        run_dir=record.run_dir,
-        provisioner=_provisioners(sources, record.run_id, registry, spec, shared),
-        cleanup=sources.cleanup,
-        unit_timeout_s=spec.unit_timeout_s,
-        registry=registry,
-        redactor=redactor,
-        secrets_env=secrets_env,
-        on_phase=progress.phase,
-        clis=clis,
-        egress=_egress_of(sources.profile),
-    )
+    shared: SharedStack | None = None
     try:
+        if spec.shared_stack:
+            shared = _open_shared_stack(sources, record, registry, spec.concurrency, console)
+        progress = Progress(
+            record.plans, console, concurrency=spec.concurrency, title=f"ale-iac evaluate {record.run_id}"
+        )
+        ctx = RunContext(
+            run_id=record.run_id,
+            run_dir=record.run_dir,
+            provisioner=_provisioners(sources, record.run_id, registry, spec, shared),
+            cleanup=sources.cleanup,
+            unit_timeout_s=spec.unit_timeout_s,
+            registry=registry,
+            redactor=redactor,
+            secrets_env=secrets_env,
+            on_phase=progress.phase,
+            clis=clis,
+            egress=_egress_of(sources.profile),
+        )
         with _shared_services(experiment, ctx, console), progress.display():
             outcomes, interrupted = asyncio.run(_run_all(record.plans, ctx, spec.concurrency, progress))
     finally:
@@ -548,16 +552,12 @@ def run_experiment(
 def _open_shared_stack(
     sources: _Sources, record: _RunRecord, registry: RunRegistry, concurrency: int, console: Console
 ) -> SharedStack:
-    """The run's shared stack, up before the first unit starts (``ale_iac.runner.shared_stack``)."""
+    """The run's shared stack, up before the first unit starts (``ale_iac.runner.shared_stack``; one whose ``up``
+    fails is destroyed before the error propagates)."""
     assert sources.profile is not None  # checked: a profile run
     shared = SharedStack(sources.engine, sources.profile, record.run_id, registry)
     console.print(f"[dim]shared stack {shared.stack}: bringing it up[/dim]", highlight=False)
-    try:
-        shared.open(record.plans, concurrency)
-    except BaseException:
-        registry.close()
-        sources.engine.close()
-        raise
+    shared.open(record.plans, concurrency)
     return shared
 
 

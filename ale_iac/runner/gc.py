@@ -92,6 +92,7 @@ def collect(
     stacks = list(dict.fromkeys([s.name for s in engine.list_stacks()] + repairable))
     existing = set(stacks)
     read_units = _UnitsReader(engine)
+    lease_records = leases.record_store(engine.backend_url)
     if only_stack is not None and only_stack not in existing:
         raise AleIacError(f"no stack named '{only_stack}'")
     for name in stacks:
@@ -110,7 +111,7 @@ def collect(
             destroy_stack(engine, name)
             report.destroyed.append(name)
             existing.discard(name)
-            leases.forget_stack(name, leases.record_store(engine.backend_url))  # a run's shared stack had some
+            leases.forget_stack(name, lease_records)  # a run's shared stack had some
         except AleIacError as exc:
             report.errors.append(f"{name}: {exc}")
 

@@ -66,8 +66,7 @@ class RunContext:
     run_id: str
     run_dir: Path
     provisioner: Callable[[UnitPlan], Provisioner]
-    """Makes a unit's provisioner, for its plan."""
-    """A fresh provisioner for each unit."""
+    """A fresh provisioner for each unit, made for its plan."""
     registry: RunRegistry
     """The stacks this run claimed (what a second interrupt reports as left behind)."""
     cleanup: CleanupMode

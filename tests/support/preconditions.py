@@ -109,16 +109,20 @@ def _rootless() -> str | None:
 DOCKERD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "dockerd.sh"
 
 
-def docker_engine_answers() -> bool:
-    """Whether ale-iac's Docker engine answers on its socket now (nothing is started)."""
+def _docker_engine_error() -> str | None:
+    """Why ale-iac's Docker engine does not answer on its socket now (None when it does; nothing is started)."""
     from ale_iac.docker_engine import client as docker_client
     from ale_iac.errors import AleIacError
 
     try:
         docker_client(timeout=10).close()
-    except AleIacError:
-        return False
-    return True
+    except AleIacError as exc:
+        return str(exc)
+    return None
+
+
+def docker_engine_answers() -> bool:
+    return _docker_engine_error() is None
 
 
 def stop_docker_engine() -> str:
@@ -135,17 +139,11 @@ def _start_docker_engine() -> str | None:
     None once it answers, else why not."""
     import subprocess
 
-    from ale_iac.docker_engine import client as docker_client
-    from ale_iac.errors import AleIacError
-
     proc = subprocess.run(["bash", str(DOCKERD_SCRIPT)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return f"scripts/dockerd.sh failed (exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()}"
-    try:
-        docker_client(timeout=10).close()
-    except AleIacError as exc:
-        return f"scripts/dockerd.sh started the engine, but it does not answer: {exc}"
-    return None
+    error = _docker_engine_error()
+    return None if error is None else f"scripts/dockerd.sh started the engine, but it does not answer: {error}"
 
 
 @functools.cache
@@ -154,15 +152,11 @@ def _docker() -> str | None:
     whichever worker, finds the engine up (the check runs before any of its fixtures)."""
     import shutil
 
-    from ale_iac.docker_engine import client as docker_client
-    from ale_iac.errors import AleIacError
-
     failed = []
-    try:
-        docker_client(timeout=10).close()
-    except AleIacError as exc:
+    error = _docker_engine_error()
+    if error is not None:
         if os.geteuid() != 0 or shutil.which("dockerd") is None:
-            failed.append(f"{exc} (and it cannot be started here: that needs root and dockerd)")
+            failed.append(f"{error} (and it cannot be started here: that needs root and dockerd)")
         else:
             started = _start_docker_engine()
             if started is not None:
