@@ -18,6 +18,7 @@ from typing import Final, Protocol
 ROOT_UNPRIVILEGED: Final = "root-is-unprivileged-on-the-host"
 KERNEL_SETTINGS: Final = "host-kernel-settings-read-only"
 NO_USERNS_INSIDE: Final = "no-user-namespace-inside"
+NO_NAMESPACE_DESCRIPTOR: Final = "no-namespace-descriptor-inside"
 SECCOMP: Final = "seccomp-families-denied"
 CAPABILITIES: Final = "capabilities-cut"
 SETUID_FILES: Final = "setuid-files-never-raise-on-the-host"
@@ -39,6 +40,7 @@ CHECKS: Final = (
     ROOT_UNPRIVILEGED,
     KERNEL_SETTINGS,
     NO_USERNS_INSIDE,
+    NO_NAMESPACE_DESCRIPTOR,
     SECCOMP,
     CAPABILITIES,
     SETUID_FILES,

@@ -356,6 +356,38 @@ def test_no_user_namespace_can_be_made_inside(sut: SandboxUnderTest) -> None:
     assert child["stdout"].split() == ["-1", "1"], child  # EPERM
 
 
+@checks(isolation.NO_NAMESPACE_DESCRIPTOR)
+def test_no_process_inside_holds_a_namespace_descriptor(sut: SandboxUnderTest) -> None:
+    """Nothing the host used to build the unit is left open in it: a descriptor of a namespace (its user
+    namespace, say) handed down through the sandbox's start would outlive that start, and a process inside
+    could join what it names (``setns``) wherever its filter allows."""
+    applies(sut, isolation.NO_NAMESPACE_DESCRIPTOR)
+    held = python(
+        sut,
+        """
+        import os
+        found, processes = [], 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue  # it exited
+            processes += 1
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.split(":", 1)[0] in ("user", "net", "mnt", "pid", "uts", "ipc", "cgroup", "time"):
+                    found.append(f"{pid}:{fd}->{target}")
+        print(processes, *found)
+        """,
+    )
+    assert held["return_code"] == 0, held
+    processes, *found = held["stdout"].split()
+    assert int(processes) >= 2 and found == [], held["stdout"]  # its init and this probe at least
+
+
 @checks(isolation.SECCOMP)
 def test_the_seccomp_filter_is_loaded_and_every_family_denied(sut: SandboxUnderTest) -> None:
     applies(sut, isolation.SECCOMP)

@@ -379,7 +379,9 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=init_log,
                 stderr=subprocess.STDOUT,
-                pass_fds=(info_w, block_r, seccomp_fd, self.userns_fd),
+                # Not the user namespace's fd: the preexec joins it before the child closes what it does
+                # not pass, so it never reaches bwrap, and so never the sandbox's init.
+                pass_fds=(info_w, block_r, seccomp_fd),
                 preexec_fn=self._preexec_sandbox,  # noqa: PLW1509
                 cwd=self.folder,
             )

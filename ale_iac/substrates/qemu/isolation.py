@@ -20,6 +20,8 @@ NOT_APPLICABLE = {
     "process on the host runs as an unprivileged host id of the unit's own (checked by host-process-unprivileged)",
     isolation.KERNEL_SETTINGS: _GUEST_KERNEL + "the guest's /proc/sys is its own kernel's settings",
     isolation.NO_USERNS_INSIDE: _GUEST_KERNEL + "namespaces made inside are the guest kernel's",
+    isolation.NO_NAMESPACE_DESCRIPTOR: _GUEST_KERNEL + "no descriptor of the host crosses into a guest; its "
+    "namespaces are the guest kernel's",
     isolation.SECCOMP: _GUEST_KERNEL + "its system calls never reach the host's; the QEMU process has its own "
     "filter (-sandbox, checked by host-process-confined)",
     isolation.CAPABILITIES: _GUEST_KERNEL + "root in the guest holds every capability of its own kernel, none of "
