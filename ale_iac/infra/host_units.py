@@ -75,9 +75,14 @@ class HostUnitProvider(ResourceProvider):
         return CreateResult(id_=state.sandbox_id, outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        """A host unit cannot change in place: any changed input replaces it (the new one first)."""
-        keys = self._substrate(news).inputs_model.model_fields
-        changed = [key for key in keys if olds.get(key) != news.get(key)]
+        """A host unit cannot change in place: any changed input replaces it (the new one first). An input a
+        unit made by an older ale-iac lacks counts as its default, so a new field does not replace it."""
+        fields = self._substrate(news).inputs_model.model_fields
+
+        def value(props: dict[str, Any], key: str) -> Any:
+            return props[key] if key in props else fields[key].get_default(call_default_factory=True)
+
+        changed = [key for key in fields if value(olds, key) != value(news, key)]
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:

@@ -86,6 +86,16 @@ def test_any_input_change_replaces() -> None:
         assert result.delete_before_replace is False
 
 
+def test_an_input_added_later_replaces_no_unit_made_before_it() -> None:
+    """A stack's units made by an older ale-iac lack the inputs added since (``pids_limit``, ``disk_gb``): news
+    that carry those inputs' defaults change nothing; another value replaces the unit."""
+    provider = LocalSandboxProvider()
+    olds = {"name_prefix": "s-u", "rootfs": "/r", "image": "desktop-abc", "labels": {}, "sandbox_id": "s-u-1"}
+    news = {**olds, "pids_limit": local_sandboxes.DEFAULT_PIDS_LIMIT, "disk_gb": 16}
+    assert provider.diff("s-u-1", olds, news).changes is False
+    assert provider.diff("s-u-1", olds, {**news, "pids_limit": 64}).replaces == ["pids_limit"]
+
+
 @pytest.mark.parametrize(
     ("provider", "path"),
     [
