@@ -99,6 +99,30 @@ class LocalRoute(HostRoute):
     pids_limit: int = Field(
         default=4096, ge=64, le=4_194_304, description="Most tasks (processes and threads) alive in a sandbox at once."
     )
+    checkpoint: bool = Field(
+        default=False,
+        description="Pool units only: checkpoint each unit with CRIU once it is ready, and reset it between leases by "
+        "restoring that checkpoint on a new writable layer instead of booting the desktop again (docs/checkpoint.md; "
+        "needs root, CRIU 4.2 or later, and no outbound network).",
+    )
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_needs(cls, value: bool, info: ValidationInfo) -> bool:
+        """Errors at ``<route>.checkpoint``: a restore is a way to reset, into a network of its own."""
+        if value and info.data.get("allow_outbound"):
+            raise PydanticCustomError(
+                "checkpoint_and_outbound",
+                "checkpoint: true cannot go with allow_outbound: true (each restore has a network of its own, which "
+                "slirp4netns would have to follow)",
+            )
+        if value and info.data.get("reset", "restore") != "restore":
+            raise PydanticCustomError(
+                "checkpoint_needs_restore",
+                "checkpoint: true is a way to reset a unit: it needs reset: restore, not {reset}",
+                {"reset": repr(info.data.get("reset"))},
+            )
+        return value
 
 
 class DockerRoute(HostRoute):

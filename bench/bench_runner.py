@@ -8,9 +8,11 @@ With ``--pool N`` the units lease from a pool stack of N local units instead (br
 ``pulumi up`` on ``stacks/Pulumi.local.yaml`` would, and destroyed at the end): each unit is reset to a
 fresh sandbox between leases. With ``--shared-stack`` each run makes its own such stack (``shared_stack: true``:
 a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit; with ``--both``,
-each -j runs a stack per unit and then a shared stack, side by side.
+each -j runs a stack per unit and then a shared stack, side by side. With ``--pool N --checkpoint both`` the pool
+runs without and then with ``checkpoint: true`` (each reset a CRIU restore of the unit's checkpoint).
 
-    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4] [--pool 2 | --shared-stack | --both]
+    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4]
+        [--pool 2 [--checkpoint off|on|both] | --shared-stack | --both]
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+from bench_pool import with_checkpoint
 from pulumi import automation as auto
 from rich.console import Console
 
@@ -48,25 +52,41 @@ def main() -> None:
     parser.add_argument(
         "--both", action="store_true", help="at each -j, a stack per unit and then a shared stack, side by side"
     )
+    parser.add_argument(
+        "--checkpoint",
+        choices=("off", "on", "both"),
+        default="off",
+        help="checkpoint: true on the local route (its pool units: with --pool or --shared-stack)",
+    )
     args = parser.parse_args()
     _time_cli_calls()
+    checkpoints = {"off": [False], "on": [True], "both": [False, True]}[args.checkpoint]
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("ALE_IAC_HOME", str(Path(tmp) / "home"))
         if not args.pool:
             arms = [False, True] if args.both else [args.shared_stack]
             rows = [
-                _measure(args, Path(tmp), {"profile": "local", "shared_stack": shared}, jobs)
+                _measure(
+                    args,
+                    Path(tmp),
+                    {"profile": _profile_file(Path(tmp), checkpoint), "shared_stack": shared, "checkpoint": checkpoint},
+                    jobs,
+                )
                 for jobs in args.jobs
                 for shared in arms
+                for checkpoint in checkpoints
             ]
         else:
             engine = Engine()
-            profile = resolve_profile("local").profile
-            engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=args.pool), POOL), POOL))
-            try:
-                rows = [_measure(args, Path(tmp), {"pool": POOL}, jobs) for jobs in args.jobs]
-            finally:
-                engine.destroy(POOL)
+            rows = []
+            for checkpoint in checkpoints:
+                profile = with_checkpoint(resolve_profile("local").profile, checkpoint)
+                engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=args.pool), POOL), POOL))
+                try:
+                    source = {"pool": POOL, "checkpoint": checkpoint}
+                    rows += [_measure(args, Path(tmp), source, jobs) for jobs in args.jobs]
+                finally:
+                    engine.destroy(POOL)
     print(f"{args.units} units of {args.task} with the scripted agent, local profile")
     print(f"{'source':>26} {'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s':>16} {'agent s':>8}")
     for label, jobs, wall, over, agent, _ in rows:
@@ -78,6 +98,18 @@ def main() -> None:
     for (label, jobs), lines in ENGINE_LINES.items():
         for line in lines:
             print(f"  {label}, -j {jobs}: {line}")
+
+
+def _profile_file(tmp: Path, checkpoint: bool) -> str:
+    """The shipped local profile, or a copy of it whose route has ``checkpoint: true``."""
+    if not checkpoint:
+        return "local"
+    document = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())
+    profile = document["config"]["ale-iac:profile"]
+    profile["snapshots"][profile["default_snapshot"]]["checkpoint"] = True
+    path = tmp / "Pulumi.local-checkpoint.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return str(path)
 
 
 Row = tuple[str, int, float, float, float, dict[str, list[float]]]
@@ -134,6 +166,7 @@ def engine_time_lines() -> list[str]:
 
 def _measure(args: argparse.Namespace, tmp: Path, source: dict[str, object], jobs: int) -> Row:
     label = "pool stack" if "pool" in source else "shared stack" if source.get("shared_stack") else "a stack per unit"
+    label += " (checkpoint)" if source.pop("checkpoint", False) else ""
     exp = tmp / "bench.yaml"
     exp.write_text(
         json.dumps(

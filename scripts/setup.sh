@@ -126,6 +126,17 @@ else
   done_step "not built: the kubernetes tests build it on first need (scripts/kube-cluster.sh build)"
 fi
 
+# -- 3c. CRIU, for checkpointed local pool units (scripts/criu.sh: Debian unstable's build, unpacked) -----------
+step "CRIU (checkpoint: true)"
+if [[ "$FOR" == demo ]]; then
+  done_step "not needed for the demo"
+elif CRIU_ROOT=$(bash scripts/criu.sh path); then
+  done_step "present in $CRIU_ROOT"
+else
+  quiet bash scripts/criu.sh fetch
+  done_step "fetched into $(bash scripts/criu.sh path)"
+fi
+
 # -- 4. images ---------------------------------------------------------------------------------
 step "image: desktop"
 IMAGE_T=$STEP_T

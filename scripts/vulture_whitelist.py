@@ -121,6 +121,7 @@ gateway_socket  # unused variable (ale_iac/substrates/local/runtime.py, substrat
 pytest_generate_tests  # unused function (tests/substrates/test_isolation.py: a pytest hook)
 do_PUT  # http.server calls it by the method name (tests/substrates/qemu/test_metadata.py)
 _._one_way_out  # unused method (ale_iac/profile.py: a pydantic validator)
+_._checkpoint_needs  # unused method (ale_iac/profile.py: a pydantic validator)
 # the egress proxy's plugin, loaded by proxy.py by its name, and its hooks (ale_iac/substrates/egress_proxy.py)
 EgressPlugin  # unused class
 BoundedProxy  # unused class (proxy.py's proxy plugin in its place, loaded by its name)

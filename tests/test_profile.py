@@ -181,6 +181,28 @@ def test_a_bad_reset_names_the_field_and_the_file(tmp_path: Path, route: str, fr
     assert fragment in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("route", "fragment"),
+    [
+        ("{provider: local, allow_outbound: true, checkpoint: true}", "cannot go with allow_outbound: true"),
+        ("{provider: local, reset: none, checkpoint: true}", "it needs reset: restore, not 'none'"),
+    ],
+)
+def test_a_checkpoint_the_route_cannot_have_names_the_field_and_the_file(
+    tmp_path: Path, route: str, fragment: str
+) -> None:
+    path = _write(tmp_path, f"config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {route}\n")
+    with pytest.raises(ConfigError) as info:
+        load_profile_file(path)
+    assert (info.value.source, info.value.field) == (str(path), "ale-iac:profile.snapshots.s.checkpoint")
+    assert fragment in info.value.detail
+    fine = _write(
+        tmp_path,
+        "config:\n  ale-iac:profile:\n    name: t\n    snapshots:\n      s: {provider: local, checkpoint: true}\n",
+    )
+    assert getattr(load_profile_file(fine).profile.snapshots["s"], "checkpoint", None) is True
+
+
 def test_a_static_routes_token_comes_from_the_environment_variable_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
     from ale_iac.errors import AleIacError
     from ale_iac.profile import StaticRoute

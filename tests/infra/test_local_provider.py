@@ -94,6 +94,9 @@ def test_an_input_added_later_replaces_no_unit_made_before_it() -> None:
     news = {**olds, "pids_limit": local_sandboxes.DEFAULT_PIDS_LIMIT, "disk_gb": 16}
     assert provider.diff("s-u-1", olds, news).changes is False
     assert provider.diff("s-u-1", olds, {**news, "pids_limit": 64}).replaces == ["pids_limit"]
+    # checkpoint (added with docs/checkpoint.md) likewise: a pool made before it keeps its units.
+    assert provider.diff("s-u-1", olds, {**news, "checkpoint": False}).changes is False
+    assert provider.diff("s-u-1", olds, {**news, "checkpoint": True}).replaces == ["checkpoint"]
 
 
 @pytest.mark.parametrize(

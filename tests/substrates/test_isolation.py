@@ -58,8 +58,13 @@ from tests.support.seccomp import PROBE_SCRIPT, PROBES, nr
 
 pytestmark = pytest.mark.sandbox
 F = TypeVar("F", bound=Callable[..., Any])
-LOCAL_KINDS = ["local", pytest.param("local-rootless", marks=pytest.mark.rootless)]
-"""The local substrate as root, and as a normal user (``rootless``: a user the session makes)."""
+LOCAL_KINDS = [
+    "local",
+    pytest.param("local-rootless", marks=pytest.mark.rootless),
+    pytest.param("local-checkpoint", marks=pytest.mark.criu),
+]
+"""The local substrate as root, as a normal user (``rootless``: a user the session makes), and a checkpointed
+unit after a reset (its processes a CRIU restore of the checkpoint, not a boot)."""
 
 PIDS_LIMIT = 200
 DISK_GB = 1
@@ -118,6 +123,7 @@ KUBERNETES = pytest.param(
 REASONS = {
     "local": LOCAL_NOT_APPLICABLE,
     "local-rootless": LOCAL_NOT_APPLICABLE,
+    "local-checkpoint": LOCAL_NOT_APPLICABLE,
     "docker": DOCKER_NOT_APPLICABLE,
     "qemu": QEMU_NOT_APPLICABLE,
     "kubernetes": POD_NOT_APPLICABLE,
@@ -151,16 +157,21 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
     if request.param == "local-rootless":
         yield from _rootless_sut(request.getfixturevalue("rootless_user"))
         return
+    restored = request.param == "local-checkpoint"
     spec = LocalSandboxSpec(
         sandbox_id=new_sandbox_id("isolation"),
         rootfs=str(desktop_image.rootfs),
         pids_limit=PIDS_LIMIT,
         disk_gb=DISK_GB,
+        checkpoint=restored,
     )
     state = local_runtime.start(spec)
     try:
+        if restored:
+            state = local_runtime.reset(spec.sandbox_id)
+            assert state.restored
         wait_for_status(state)
-        yield SandboxUnderTest("local", registry.get("local").isolation_probe(state), Endpoint.of(state))
+        yield SandboxUnderTest(request.param, registry.get("local").isolation_probe(state), Endpoint.of(state))
     finally:
         local_runtime.stop(state.sandbox_id)
 

@@ -21,6 +21,8 @@ The markers (registered, with their meaning, in pyproject.toml):
   the session's ``kube_cluster`` fixture (tests/support/kube.py) builds, starts and stops the private cluster.
 * ``qemu``: root, QEMU (``qemu-system-x86_64``, ``qemu-img``) and the desktop image; the tests' fixtures
   make the image's qcow2 export and a saved memory state on first need (scripts/setup.sh makes neither).
+* ``criu``: what ``sandbox`` needs, and CRIU 4.2 or later that passes ``criu check``
+  (``ale_iac.substrates.local.checkpoint``; ``scripts/setup.sh --for tests`` fetches it with scripts/criu.sh).
 
 The hooks in tests/conftest.py use :func:`missing` before each test: where a precondition is missing the
 test is skipped with the reason on a developer's host, and fails in CI (``CI=true``), because a test that
@@ -86,6 +88,17 @@ def _sandbox() -> str | None:
     if image is not None:
         failed.append(image)
     return "local sandboxes cannot run here: " + "; ".join(failed) if failed else None
+
+
+@functools.cache
+def _criu() -> str | None:
+    from ale_iac.substrates.local.checkpoint import criu_status
+
+    sandbox = _sandbox()
+    if sandbox is not None:
+        return sandbox
+    ok, detail = criu_status()
+    return None if ok else f"local checkpoints cannot be made here: {detail}"
 
 
 @functools.cache
@@ -236,6 +249,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "image": _image,
     "engine": _engine,
     "sandbox": _sandbox,
+    "criu": _criu,
     "docker": _docker,
     "qemu": _qemu,
     "kubernetes": _kubernetes,

@@ -6,6 +6,7 @@ The fixtures that start the sandboxes these helpers talk to are in ``tests/suppo
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from ale_iac import procs
 from ale_iac.contract import ENDPOINT_TOKEN_ENV, LINUX_DESKTOP_PATHS, HostChannel
 from ale_iac.sandbox.client import ComputerServerClient
 from ale_iac.sandbox.handle import SandboxHandle
@@ -140,3 +142,59 @@ def handle_of(state: LocalSandboxState) -> SandboxHandle:
         resource_id=state.sandbox_id,
         paths=LINUX_DESKTOP_PATHS,
     )
+
+
+# --- what a stopped local sandbox must not leave -----------------------------------------------------
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Local addresses of LISTEN sockets on ``port`` in the host's network namespace."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == "0A":
+                found.append(address)
+    return found
+
+
+def mounts_mentioning(text: str) -> list[str]:
+    """Mount entries naming ``text`` in any process's mount namespace."""
+    hits = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            mountinfo = Path(f"/proc/{entry}/mountinfo").read_text()
+        except OSError:
+            continue
+        hits += [f"{entry}: {line}" for line in mountinfo.splitlines() if text in line]
+    return hits
+
+
+def processes_mentioning(text: str) -> list[str]:
+    hits = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            hits.append(f"{entry}: {cmdline}")
+    return hits
+
+
+def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
+    alive = [pid for pid in pids if procs.start_time(pid) is not None]
+    assert not alive, f"processes still running: {alive}"
+    assert not processes_mentioning(state.sandbox_id)
+    assert not mounts_mentioning(state.sandbox_id)
+    assert not mounts_mentioning(state.state_dir)
+    assert not Path(state.state_dir).exists()
+    assert not listening_addresses(state.host_port), f"port {state.host_port} still forwarded"
+    for cgroup in state.cgroups:
+        assert not Path(cgroup).exists(), cgroup
+    assert local_sandboxes.load_state(state.sandbox_id, home=sandbox_home(state)) is None

@@ -56,7 +56,7 @@ from typing import Any
 
 from ale_iac import procs
 from ale_iac.files import write_json_atomic
-from ale_iac.substrates.local import cgroups
+from ale_iac.substrates.local import cgroups, checkpoint
 from ale_iac.substrates.local.host import MODE_ROOTLESS, check_host, host_mode
 from ale_iac.substrates.local.sandboxes import (
     LOGS_DIR,
@@ -88,7 +88,12 @@ def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 
     check_host()
     check_sandbox_id(spec.sandbox_id)
     _check_rootfs(spec)
+    _check_checkpoint(spec)
     folder = _make_state_dir(spec, home)
+    return _start_in(spec, folder, home, timeout)
+
+
+def _start_in(spec: LocalSandboxSpec, folder: Path, home: Path | None, timeout: float) -> LocalSandboxState:
     message = _launch_supervisor(spec, folder, home, timeout)
     if not message.get("ok"):
         error = message.get("error", "the supervisor exited before the sandbox was ready")
@@ -107,16 +112,37 @@ def _check_rootfs(spec: LocalSandboxSpec) -> None:
     check_rootfs_owner(rootfs)
 
 
-def _make_state_dir(spec: LocalSandboxSpec, home: Path | None) -> Path:
-    """The sandbox's state dir (0700, new: an existing one is refused) with its spec, token and seccomp filter."""
+def _check_checkpoint(spec: LocalSandboxSpec) -> None:
+    """A checkpointed sandbox needs root mode, no outbound network (slirp4netns would have to follow each
+    restore into its new network namespace) and CRIU (``checkpoint.criu_command`` says what is missing)."""
+    if not spec.checkpoint:
+        return
+    if host_mode() == MODE_ROOTLESS:
+        raise SandboxError(f"sandbox {spec.sandbox_id}: checkpoints need root (CRIU restores namespaces)")
+    if spec.allow_outbound:
+        raise SandboxError(f"sandbox {spec.sandbox_id}: a checkpointed sandbox cannot have outbound network")
+    try:
+        checkpoint.criu_command()
+    except checkpoint.CheckpointError as exc:
+        raise SandboxError(f"sandbox {spec.sandbox_id}: {exc}") from None
+
+
+def _make_state_dir(spec: LocalSandboxSpec, home: Path | None, *, kept: bool = False) -> Path:
+    """The sandbox's state dir (0700, new: an existing one is refused) with its spec, token and seccomp filter.
+    With ``kept``, the dir is the one a reset left holding only its checkpoint."""
     from ale_iac.substrates.seccomp import compile_bpf
 
     folder = state_dir_of(spec.sandbox_id, home)
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        folder.mkdir(mode=0o700)
-    except FileExistsError:
-        raise SandboxError(f"sandbox {spec.sandbox_id} already exists ({folder})") from None
+    if kept:
+        left = sorted(entry.name for entry in folder.iterdir())
+        if left != [checkpoint.CHECKPOINT_DIR]:
+            raise SandboxError(f"sandbox {spec.sandbox_id}: {folder} holds {left}, not only its checkpoint")
+    else:
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            raise SandboxError(f"sandbox {spec.sandbox_id} already exists ({folder})") from None
     try:
         os.chmod(folder, 0o700)  # whatever the umask
         (folder / LOGS_DIR).mkdir(mode=0o700)
@@ -292,7 +318,14 @@ def _mounts_under(folder: Path) -> list[str]:
     return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), key=len, reverse=True)
 
 
-def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0, grace: bool = True) -> bool:
+def stop(
+    sandbox_id: str,
+    *,
+    home: Path | None = None,
+    timeout: float = 10.0,
+    grace: bool = True,
+    keep_checkpoint: bool = False,
+) -> bool:
     """Stop a sandbox and delete everything it left: processes, port forward, cgroup, files.
 
     Idempotent: returns False when there was nothing to stop. Works when the supervisor is gone
@@ -300,6 +333,7 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0, gr
     state dir (see ``_owned_processes``) rather than from the supervisor. With ``grace`` the supervisor
     stops the sandbox in order and keeps the tails of its logs in the state dir on its way out; without
     (a reset, which deletes them anyway), it is killed at once and its sandbox with it, as after a crash.
+    With ``keep_checkpoint`` (a reset of a checkpointed sandbox) the state dir stays, holding only that.
     """
     folder = state_dir_of(sandbox_id, home)
     if not folder.exists():
@@ -340,8 +374,21 @@ def stop(sandbox_id: str, *, home: Path | None = None, timeout: float = 10.0, gr
     left_mounts = _mounts_under(folder)
     if left_mounts:
         raise SandboxError(f"sandbox {sandbox_id}: cannot unmount {', '.join(left_mounts)}")
-    _remove_tree(folder)
+    _remove_state_dir(folder, keep_checkpoint)
     return True
+
+
+def _remove_state_dir(folder: Path, keep_checkpoint: bool) -> None:
+    if not keep_checkpoint:
+        _remove_tree(folder)
+        return
+    for entry in folder.iterdir():
+        if entry.name == checkpoint.CHECKPOINT_DIR:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            _remove_tree(entry)
+        else:
+            entry.unlink()
 
 
 def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -> LocalSandboxState:
@@ -351,15 +398,19 @@ def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -
     makes all of them anew, with a new endpoint port and a new token (read them from the returned
     state). The id, and so the state dir and the Pulumi resource that owns it, stay the same. The old
     sandbox is killed, not stopped in order: nothing of it is kept, so an orderly stop (a quarter of a
-    second, the supervisor's and the init's SIGTERM rounds) would buy nothing.
+    second, the supervisor's and the init's SIGTERM rounds) would buy nothing. A checkpointed sandbox
+    keeps its checkpoint, and the new one is a restore of it on a new layer (docs/checkpoint.md).
     """
     folder = state_dir_of(sandbox_id, home)
     try:
         spec = LocalSandboxSpec.from_json(json.loads((folder / SPEC_FILE).read_text()))
     except FileNotFoundError:
         raise SandboxError(f"sandbox {sandbox_id} does not exist ({folder}): nothing to reset") from None
-    stop(sandbox_id, home=home, grace=False)
-    return start(spec, home=home, timeout=timeout)
+    kept = spec.checkpoint and (folder / checkpoint.CHECKPOINT_DIR / checkpoint.META_FILE).is_file()
+    stop(sandbox_id, home=home, grace=False, keep_checkpoint=kept)
+    if not kept:
+        return start(spec, home=home, timeout=timeout)
+    return _start_in(spec, _make_state_dir(spec, home, kept=True), home, timeout)
 
 
 def _remove_tree(folder: Path) -> None:

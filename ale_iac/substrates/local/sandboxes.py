@@ -81,6 +81,9 @@ class LocalSandboxSpec:
     """Port on the sandbox's loopback where the endpoint's forwarder serves the model channel."""
     init: str = DEFAULT_INIT
     """The image's init (path inside the rootfs)."""
+    checkpoint: bool = False
+    """Dump the sandbox with CRIU once it is ready, before anyone uses it, and make every reset a restore of
+    that dump (``checkpoint.py``; root mode, no outbound network)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +133,8 @@ class LocalSandboxState:
     """Inside the sandbox, the model channel (empty before it is set up)."""
     gateway_socket: str = ""
     """Only in the state of sandboxes made before the model channel went through the endpoint."""
+    restored: bool = False
+    """Its processes are a restore of the sandbox's checkpoint (not a boot of the image)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

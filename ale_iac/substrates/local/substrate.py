@@ -23,7 +23,7 @@ from ale_iac.substrates.base import (
     UnitState,
 )
 from ale_iac.substrates.isolation import IsolationProbe
-from ale_iac.substrates.local import host, runtime, sandboxes
+from ale_iac.substrates.local import checkpoint, host, runtime, sandboxes
 from ale_iac.substrates.local.isolation import LocalIsolation
 
 
@@ -34,6 +34,8 @@ class LocalInputs(UnitInputs):
     memory_gb: float | None = None
     disk_gb: int = sandboxes.DEFAULT_DISK_GB
     pids_limit: int = sandboxes.DEFAULT_PIDS_LIMIT
+    checkpoint: bool = False
+    """The route's ``checkpoint``, for a pool's unit (the only kind that is reset)."""
 
 
 class LocalState(UnitState):
@@ -65,6 +67,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             memory_gb=shape.memory_gb,
             disk_gb=shape.disk_gb or sandboxes.DEFAULT_DISK_GB,
             pids_limit=route.pids_limit,
+            checkpoint=route.checkpoint and "pool" in labels,
         )
 
     def units_on_image(self, rootfs: Path) -> list[str]:
@@ -86,6 +89,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             memory_gb=inputs.memory_gb,
             disk_gb=inputs.disk_gb,
             pids_limit=inputs.pids_limit,
+            checkpoint=inputs.checkpoint,
             labels=dict(inputs.labels),
         )
         state = runtime.start(spec)
@@ -147,7 +151,19 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
                 required=check.required,
             )
             for check in host.host_checks()
-        ]
+        ] + [self._checkpoint_check()]
+
+    @staticmethod
+    def _checkpoint_check() -> HostCheck:
+        """CRIU, for routes with ``checkpoint: true`` only (not among what every start enforces: it runs
+        ``criu check``)."""
+        ok, detail = checkpoint.criu_status()
+        return HostCheck(
+            name="criu (checkpoint: true)",
+            ok=ok,
+            detail=detail if ok else f"{detail} (only routes with checkpoint: true need it)",
+            required=False,
+        )
 
     def isolation_probe(self, state: object, owner: int = 0) -> IsolationProbe:
         assert isinstance(state, sandboxes.LocalSandboxState), state

@@ -24,7 +24,10 @@ import here is memory per sandbox). It owns the sandbox's processes for their wh
    namespace, to the computer-server on its loopback; the same forwarder serves the model channel
    on the sandbox's 127.0.0.1:<gateway_port>, carried back over connections a run opens to the
    endpoint (``substrates.channel``; the same mechanism as in a container or a guest);
-7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``;
+7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``. A checkpointed
+   sandbox (``spec.checkpoint``, docs/checkpoint.md) is dumped with CRIU once its computer-server listens and
+   restored at once, and given its endpoint then; a reset's new supervisor finds the checkpoint in the state dir
+   and restores it onto the new layer instead of starting bwrap;
 8. waits. SIGTERM stops the sandbox (SIGTERM to its init, SIGKILL after a grace period); when
    the sandbox or slirp4netns dies, the other one is stopped too. On the way out the tails of
    the sandbox's logs are copied into ``logs/`` of the state dir (read without following links
@@ -47,6 +50,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -60,7 +64,7 @@ from ale_iac import procs
 from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
 from ale_iac.substrates.authproxy import EGRESS_PORT, AuthProxy, tcp_connector
-from ale_iac.substrates.local import cgroups, linux
+from ale_iac.substrates.local import cgroups, checkpoint, linux
 from ale_iac.substrates.local.host import MODE_ROOTLESS, host_mode, subordinate_ids
 from ale_iac.substrates.local.sandboxes import (
     DISK_FILE,
@@ -104,6 +108,11 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAYER = f"{MOUNT_ROOT}/layer"
 LOWER = f"{MOUNT_ROOT}/lower"
 ROOT = f"{MOUNT_ROOT}/root"
+RESTORE_ROOT = f"{MOUNT_ROOT}/restore-root"
+"""Where CRIU's process sees the sandbox's root: a plain bind of ``ROOT`` in a mount namespace of its own (a
+recursive one, or ``ROOT`` itself, holds mounts locked in the user namespace, which CRIU cannot mount over)."""
+CHECKPOINT_TIMEOUT_S = 60.0
+LAYER_TAR_OPTIONS = ("--numeric-owner", "--xattrs", "--xattrs-include=*", "--sparse")
 SANDBOX_LOG_DIR = "/var/log/ale"
 
 
@@ -124,6 +133,69 @@ def _run(argv: list[str]) -> None:
     if result.returncode != 0:
         output = (result.stderr or result.stdout).decode(errors="replace").strip()
         raise SetupError(f"{' '.join(argv)} failed ({result.returncode}): {output}")
+
+
+class AdoptedChild:
+    """The init CRIU restored as our child (``--restore-sibling``): the parts of ``Popen`` the supervisor uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ready, _, _ = select.select([self._pidfd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _open_init_log() -> int:
+    """The init's output file on the layer, for writing, as the dump recorded it: a regular file, never followed
+    through a link (the layer came from an archive of the sandbox's own files), yet without O_NOFOLLOW in its
+    flags, which CRIU's reopening through /proc/self/fd would refuse: found with O_PATH | O_NOFOLLOW, then
+    reopened through that descriptor."""
+    found = os.open(f"{LAYER}/logs/init.log", os.O_PATH | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(found)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise SetupError("the checkpoint's init.log is not a plain file; the checkpoint is not usable")
+        return os.open(f"/proc/self/fd/{found}", os.O_WRONLY | os.O_APPEND)
+    finally:
+        os.close(found)
+
+
+def _images_readable(images: Path, readable: bool) -> None:
+    """CRIU reads some images as the sandbox's root, once it has taken that identity: readable by all during a
+    restore only (the state dir, 0700, keeps them from every other user meanwhile), private at rest."""
+    images.chmod(0o711 if readable else 0o700)
+    for image in images.iterdir():
+        if image.is_file() and not image.is_symlink():
+            image.chmod(0o644 if readable else 0o600)
+
+
+def _criu_error(log_file: Path) -> str:
+    """CRIU's error lines from its log (what its exit status alone does not say)."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"no log at {log_file}"
+    errors = [line.strip() for line in lines if "Error" in line and "RLIMIT_NOFILE" not in line]
+    return "; ".join(errors[-5:] or [line.strip() for line in lines[-3:]]) + f" (all of it: {log_file})"
 
 
 class Supervisor:
@@ -149,7 +221,8 @@ class Supervisor:
         """RLIMIT_NPROC for the sandbox, where no pids cgroup bounds its tasks."""
         self.oom_kills = 0
         self.userns_fd = -1
-        self.sandbox: subprocess.Popen[bytes] | None = None
+        self.sandbox: subprocess.Popen[bytes] | AdoptedChild | None = None
+        self.restored = False
         self.slirp: subprocess.Popen[bytes] | None = None
         self.slirp_exit_w: int | None = None
         self.init_pid: int | None = None
@@ -186,6 +259,7 @@ class Supervisor:
             oom_kills=self.oom_kills,
             gateway_url=self.gateway_url,
             exit_code=self.exit_code,
+            restored=self.restored,
         )
 
     def save(self) -> None:
@@ -229,9 +303,10 @@ class Supervisor:
 
     # --- the root file system ------------------------------------------------------------------
 
-    def build_root(self) -> None:
+    def build_root(self, layer_copy: Path | None = None) -> None:
         """In a mount namespace of our own: the writable layer (root: a loop-mounted ext4; rootless: a
-        tmpfs), the image (root: id-mapped; rootless: the caller's own copy, bound read-only), the overlay."""
+        tmpfs), the image (root: id-mapped; rootless: the caller's own copy, bound read-only), the overlay.
+        With ``layer_copy`` (a checkpoint's), the layer and logs start as they were at the dump."""
         rootfs = Path(self.spec.rootfs).resolve()
         if self.rootless:
             # Owned by our user namespace; /run/ale-iac cannot be made on the host without root, so a
@@ -261,6 +336,10 @@ class Supervisor:
             os.mkdir(path, mode)
             os.chmod(path, mode)
             os.chown(path, uid, uid)
+        if layer_copy is not None:
+            # Owners, modes, links, the overlay's whiteouts and xattrs; onto the new disk, seen in this mount
+            # namespace only (the archive itself is one regular file of root's on the host).
+            _run(["tar", "-C", LAYER, "-xpf", str(layer_copy), *LAYER_TAR_OPTIONS])
         if self.rootless:
             linux.mount(str(rootfs), LOWER, None, linux.MS_BIND | linux.MS_REC)
             readonly = linux.MS_BIND | linux.MS_REMOUNT | linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
@@ -371,8 +450,10 @@ class Supervisor:
         seccomp_fd = os.open(self.folder / SECCOMP_FILE, os.O_RDONLY)
         argv = self.bwrap_argv(info_w, block_r, seccomp_fd)
         log("starting: " + " ".join(argv))
-        # The init's own output goes to the size-limited logs, never to a host file it could fill.
-        init_log = os.open(f"{LAYER}/logs/init.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        # The init's own output goes to the size-limited logs, never to a host file it could fill. O_EXCL on
+        # the new layer refuses a link as O_NOFOLLOW would; O_NOFOLLOW would stay in the descriptor's flags, and
+        # a restore of a checkpoint could not reopen it (CRIU reopens it through /proc/self/fd).
+        init_log = os.open(f"{LAYER}/logs/init.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
             self.sandbox = subprocess.Popen(
                 argv,
@@ -511,19 +592,121 @@ class Supervisor:
             linux.enter_user_namespace(self.userns_fd)  # single-threaded still: no server thread runs yet
         else:
             self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
-        self.build_root()
+        saved = self.folder / checkpoint.CHECKPOINT_DIR
+        if self.spec.checkpoint and (saved / checkpoint.META_FILE).is_file():
+            self.build_root(saved / checkpoint.LAYER_COPY)
+            self.restore(saved)
+        else:
+            self.build_root()
+            self.boot()
+        if self.spec.checkpoint and not self.restored:
+            self.make_checkpoint(saved)
+            self.restore(saved)
+        if self.restored:
+            self.start_endpoint()
+        self.phase = "running"
+        self.save()
+
+    def boot(self) -> None:
+        """Start the image's init under bubblewrap, with the endpoint ready before it runs (a checkpointed
+        sandbox gets its endpoint once restored: the dump must hold nothing of ours)."""
         info_r, block_w = self.start_sandbox()
         try:
             self.read_info(info_r)
             self.save()
             if self.spec.allow_outbound:
                 self.start_slirp()
-            self.start_endpoint()
+            if not self.spec.checkpoint:
+                self.start_endpoint()
             os.write(block_w, b"1")  # bwrap goes on and executes the init
         finally:
             os.close(block_w)
-        self.phase = "running"
+
+    # --- checkpoint and restore (CRIU) ---------------------------------------------------------
+
+    def wait_until_serving(self, timeout: float) -> None:
+        """Until the computer-server listens in the sandbox (its socket in the sandbox's own
+        ``/proc/<pid>/net/tcp``: no connection is made, so the dump holds none)."""
+        assert self.init_pid is not None and self.sandbox is not None
+        listening = f":{self.spec.server_port:04X} 00000000:0000 0A "
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                for table in ("tcp", "tcp6"):
+                    if listening in Path(f"/proc/{self.init_pid}/net/{table}").read_text():
+                        return
+            if self.sandbox.poll() is not None:
+                raise SetupError(f"the sandbox exited before its computer-server listened (see {SANDBOX_LOG_DIR})")
+            if time.monotonic() > deadline:
+                raise SetupError(f"the computer-server did not listen within {timeout:.0f} s; no checkpoint made")
+            time.sleep(0.02)  # the kernel has no event for a socket that starts listening
+
+    def make_checkpoint(self, saved: Path) -> None:
+        """Dump the booted sandbox once it serves, before anything reaches it, with its layer and logs as
+        they were; the dump kills it (a restore of the dump takes its place at once)."""
+        assert self.init_pid is not None and self.sandbox is not None
+        self.wait_until_serving(CHECKPOINT_TIMEOUT_S)
+        images = saved / checkpoint.IMAGES
+        images.mkdir(mode=0o700, parents=True)
+        external = checkpoint.external_file_key(self.init_pid, 1)
+        argv = checkpoint.dump_argv(checkpoint.criu_command(), self.init_pid, images, SANDBOX_LOG_DIR, external)
+        log("checkpoint: " + " ".join(argv))
+        started = time.monotonic()
+        done = subprocess.run(argv, cwd=images, capture_output=True, timeout=CHECKPOINT_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise SetupError(f"criu dump failed ({done.returncode}): {_criu_error(images / 'dump.log')}")
+        self.sandbox.wait(STOP_GRACE_S)  # bwrap, once the init it watched is gone
+        _run(["tar", "-C", LAYER, "-cf", str(saved / checkpoint.LAYER_COPY), *LAYER_TAR_OPTIONS, "upper", "logs"])
+        meta = {"external_file": external, "made_at": utc_now("seconds")}
+        write_json_atomic(saved / checkpoint.META_FILE, meta)
+        log(f"checkpoint made in {time.monotonic() - started:.2f} s")
+
+    def restore(self, saved: Path) -> None:
+        """Restore the checkpoint as our child, in this sandbox's cgroups, over the current layer."""
+        meta = json.loads((saved / checkpoint.META_FILE).read_text())
+        images = saved / checkpoint.IMAGES
+        pidfile = saved / checkpoint.PIDFILE
+        with contextlib.suppress(FileNotFoundError):
+            pidfile.unlink()
+        log_fd = _open_init_log()
+        os.fchown(log_fd, self.owner, self.owner)  # as the dump recorded it: the sandbox root's
+        os.makedirs(RESTORE_ROOT, mode=0o755, exist_ok=True)
+        argv = checkpoint.restore_argv(
+            checkpoint.criu_command(), images, RESTORE_ROOT, f"{LAYER}/logs", log_fd, meta["external_file"]
+        )
+        log("restore: " + " ".join(argv))
+        started = time.monotonic()
+        _images_readable(images, True)
+        try:
+            done = subprocess.run(
+                argv,
+                cwd=images,
+                capture_output=True,
+                pass_fds=(log_fd,),
+                preexec_fn=self._preexec_restore,
+                timeout=CHECKPOINT_TIMEOUT_S,
+                check=False,
+            )
+        finally:
+            os.close(log_fd)
+            _images_readable(images, False)
+        if done.returncode != 0:
+            raise SetupError(f"criu restore failed ({done.returncode}): {_criu_error(images / 'restore.log')}")
+        self.init_pid = int(pidfile.read_text().strip())
+        self.sandbox = AdoptedChild(self.init_pid)
+        self.init_start_time = procs.start_time(self.init_pid)
+        self.pidns = procs.namespace(self.init_pid)
+        self.restored = True
         self.save()
+        log(f"restored the checkpoint in {time.monotonic() - started:.2f} s: init pid {self.init_pid}")
+
+    def _preexec_restore(self) -> None:
+        """preexec_fn of criu restore: dies with us, in the sandbox's cgroups (the restored tasks inherit
+        them: CRIU leaves cgroups alone), and sees the sandbox's root through a plain bind of its own."""
+        procs.die_with_parent()
+        self.cgroups.join()
+        linux.private_mount_namespace()
+        linux.mount(ROOT, RESTORE_ROOT, None, linux.MS_BIND)
 
     # --- run and stop --------------------------------------------------------------------------
 

@@ -27,7 +27,19 @@ from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState, SandboxError
 from ale_iac.task import wait_for_window
-from tests.support.sandbox import Endpoint, SandboxFactory, Target, cmd, run, sandbox_home, wait_for_status
+from tests.support.sandbox import (
+    Endpoint,
+    SandboxFactory,
+    Target,
+    assert_nothing_left,
+    cmd,
+    listening_addresses,
+    mounts_mentioning,
+    processes_mentioning,
+    run,
+    sandbox_home,
+    wait_for_status,
+)
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -112,59 +124,6 @@ def netns_listener() -> Iterator[tuple[str, int, Callable[[], bool]]]:
             listener.wait()
         subprocess.run(["ip", "link", "del", host_if], check=False, capture_output=True)
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
-
-
-def listening_addresses(port: int) -> list[str]:
-    """Local addresses of LISTEN sockets on ``port`` in the host's network namespace."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            address, port_hex = fields[1].rsplit(":", 1)
-            if int(port_hex, 16) == port and fields[3] == "0A":
-                found.append(address)
-    return found
-
-
-def mounts_mentioning(text: str) -> list[str]:
-    """Mount entries naming ``text`` in any process's mount namespace."""
-    hits = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            mountinfo = Path(f"/proc/{entry}/mountinfo").read_text()
-        except OSError:
-            continue
-        hits += [f"{entry}: {line}" for line in mountinfo.splitlines() if text in line]
-    return hits
-
-
-def processes_mentioning(text: str) -> list[str]:
-    hits = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            hits.append(f"{entry}: {cmdline}")
-    return hits
-
-
-def assert_nothing_left(state: LocalSandboxState, pids: list[int]) -> None:
-    alive = [pid for pid in pids if procs.start_time(pid) is not None]
-    assert not alive, f"processes still running: {alive}"
-    assert not processes_mentioning(state.sandbox_id)
-    assert not mounts_mentioning(state.sandbox_id)
-    assert not mounts_mentioning(state.state_dir)
-    assert not Path(state.state_dir).exists()
-    assert not listening_addresses(state.host_port), f"port {state.host_port} still forwarded"
-    for cgroup in state.cgroups:
-        assert not Path(cgroup).exists(), cgroup
-    assert local_sandboxes.load_state(state.sandbox_id, home=sandbox_home(state)) is None
 
 
 # --- no running sandbox (marked: the host must be able to run one; start() checks that first) ----
