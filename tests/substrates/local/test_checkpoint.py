@@ -21,6 +21,7 @@ from ale_iac.images import ImageInfo
 from ale_iac.substrates.local import checkpoint
 from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local import sandboxes as local_sandboxes
+from ale_iac.substrates.local.host import MODE_ROOTLESS
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState, SandboxError
 from tests.support.sandbox import (
     Endpoint,
@@ -140,6 +141,11 @@ def test_a_checkpoint_is_refused_before_anything_is_made(
     )
     with pytest.raises(SandboxError, match="cannot have outbound network"):
         local_runtime.start(outbound, home=home)
+    no_root = LocalSandboxSpec(sandbox_id="ckpt-rootless", rootfs=str(desktop_image.rootfs), checkpoint=True)
+    with monkeypatch.context() as rootless:
+        rootless.setattr(local_runtime, "host_mode", lambda: MODE_ROOTLESS)
+        with pytest.raises(SandboxError, match=r"checkpoints need root \(CRIU restores namespaces\)"):
+            local_runtime.start(no_root, home=home)
     monkeypatch.setenv("ALE_IAC_CRIU", str(tmp_path / "no-criu"))
     no_criu = LocalSandboxSpec(sandbox_id="ckpt-no-criu", rootfs=str(desktop_image.rootfs), checkpoint=True)
     with pytest.raises(SandboxError, match=r"ALE_IAC_CRIU=.* is not an executable file"):
