@@ -399,7 +399,9 @@ def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -
     state). The id, and so the state dir and the Pulumi resource that owns it, stay the same. The old
     sandbox is killed, not stopped in order: nothing of it is kept, so an orderly stop (a quarter of a
     second, the supervisor's and the init's SIGTERM rounds) would buy nothing. A checkpointed sandbox
-    keeps its checkpoint, and the new one is a restore of it on a new layer (docs/checkpoint.md).
+    keeps its checkpoint, and the new one is a restore of it on a new layer (docs/checkpoint.md); a checkpoint
+    that does not restore (CRIU or the kernel changed under it, its files damaged) is dropped, and the unit
+    boots afresh and makes a new one, which its supervisor log says.
     """
     folder = state_dir_of(sandbox_id, home)
     try:
@@ -410,7 +412,15 @@ def reset(sandbox_id: str, *, home: Path | None = None, timeout: float = 30.0) -
     stop(sandbox_id, home=home, grace=False, keep_checkpoint=kept)
     if not kept:
         return start(spec, home=home, timeout=timeout)
-    return _start_in(spec, _make_state_dir(spec, home, kept=True), home, timeout)
+    try:
+        return _start_in(spec, _make_state_dir(spec, home, kept=True), home, timeout)
+    except SandboxError as exc:
+        stop(sandbox_id, home=home, grace=False)  # whatever the failed start left, its checkpoint included
+        fresh = start(spec, home=home, timeout=timeout)
+        reason = str(exc).splitlines()[0]
+        with open(Path(fresh.state_dir) / LOGS_DIR / SUPERVISOR_LOG, "a") as supervisor_log:
+            supervisor_log.write(f"[reset] the checkpoint did not restore, so the unit booted afresh: {reason}\n")
+        return fresh
 
 
 def _remove_tree(folder: Path) -> None:
