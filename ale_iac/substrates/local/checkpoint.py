@@ -3,7 +3,7 @@
 A local unit whose spec asks for a checkpoint (``LocalSandboxSpec.checkpoint``: pool units of a route with
 ``checkpoint: true``) is dumped once, ready and untouched, by its first supervisor; every reset then
 restores that dump into a fresh writable layer instead of booting the desktop again (docs/checkpoint.md).
-The supervisor imports this module, so it uses the standard library only.
+The supervisor imports this module, so it uses the standard library and ``ale_iac.paths`` only.
 
 CRIU must be 4.2 or later on current kernels (``scripts/criu.sh`` says why and fetches Debian unstable's
 build into ale-iac's cache, run through its own dynamic loader); a ``criu`` of at least that version on
@@ -18,6 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ale_iac.paths import cache_root
+
 MIN_VERSION = (4, 2)
 CHECKPOINT_DIR = "checkpoint"
 """In the unit's state dir (0700): ``images/`` (CRIU's), ``layer.tar`` (the writable layer and logs as they
@@ -31,11 +33,6 @@ PIDFILE = "restored.pid"
 
 class CheckpointError(Exception):
     pass
-
-
-def _cache_root() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("ALE_IAC_CACHE") or Path(xdg) / "ale-iac").expanduser()
 
 
 def _unpacked(root: Path) -> list[str] | None:
@@ -63,7 +60,7 @@ def criu_command() -> list[str]:
         if not (os.path.isfile(override) and os.access(override, os.X_OK)):
             raise CheckpointError(f"ALE_IAC_CRIU={override} is not an executable file")
         return [override]
-    fetched = _unpacked(_cache_root() / "criu" / "current")
+    fetched = _unpacked(cache_root() / "criu" / "current")
     if fetched is not None:
         return fetched
     system = shutil.which("criu")
