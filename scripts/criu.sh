@@ -8,10 +8,10 @@
 # list of its own (the host's apt configuration is not touched), unpacks them into
 # ${ALE_IAC_CACHE:-~/.cache/ale-iac}/criu/<version>/root, and points criu/current at it. ale-iac runs CRIU
 # through that folder's own dynamic loader with its own libraries (ale_iac/substrates/local/checkpoint.py), so
-# nothing of the host's C library changes. A `criu` of at least CRIU_MIN_VERSION on PATH is used as it is.
+# nothing of the host's C library changes. Without this copy, a `criu` of at least 4.2 on PATH is used.
 #
 #   scripts/criu.sh fetch   # idempotent: seconds when current/ is there
-#   scripts/criu.sh path    # prints the folder (empty and exit 1 when not fetched)
+#   scripts/criu.sh path    # prints the folder; nothing, and exit 1, when not fetched
 set -euo pipefail
 
 CACHE="${ALE_IAC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ale-iac}"
