@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 UNITS_OUTPUT = "units"
 """Name of the stack output that carries the per-unit handles."""
 
+POOL_LABEL = "pool"
+"""The label of a pool's units (its value: the pool's stack), a run's shared stack's among them: the units that
+are reset between leases, and so the only ones a route's ``checkpoint`` applies to."""
+
 OsName = Literal["linux", "windows"]
 BulkTransport = Literal["http", "docker", "qemu"]
 ResetMode = Literal["restore", "recreate", "none"]

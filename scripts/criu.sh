@@ -6,11 +6,12 @@
 # kernel now refuses SO_PASSCRED on one). 4.2 has both fixes; Debian has it in unstable only. So this script
 # downloads unstable's `criu` and the libraries it links (the C library among them) with apt-get and a source
 # list of its own (the host's apt configuration is not touched), unpacks them into
-# ${ALE_IAC_CACHE:-~/.cache/ale-iac}/criu/<version>/root, and points criu/current at it. ale-iac runs CRIU
-# through that folder's own dynamic loader with its own libraries (ale_iac/substrates/local/checkpoint.py), so
-# nothing of the host's C library changes. Without this copy, a `criu` of at least 4.2 on PATH is used.
+# ${ALE_IAC_CACHE:-~/.cache/ale-iac}/criu/<version>/root, and writes <version>/criu, which runs that criu through
+# the folder's own dynamic loader with its own libraries, so nothing of the host's C library changes; criu/current
+# points at <version>. ale-iac runs current/criu (ale_iac/substrates/local/checkpoint.py); without it, a `criu`
+# of at least 4.2 on PATH.
 #
-#   scripts/criu.sh fetch   # idempotent: seconds when current/ is there
+#   scripts/criu.sh fetch   # idempotent: seconds when current/criu is there
 #   scripts/criu.sh path    # prints the folder; nothing, and exit 1, when not fetched
 set -euo pipefail
 
@@ -22,14 +23,14 @@ log() { echo "[criu] $*" >&2; }
 
 case "${1:-}" in
   path)
-    if [[ -x "$DIR/current/usr/sbin/criu" ]]; then readlink -f "$DIR/current"; exit 0; fi
+    if [[ -x "$DIR/current/criu" ]]; then readlink -f "$DIR/current"; exit 0; fi
     exit 1
     ;;
   fetch) ;;
   *) echo "usage: scripts/criu.sh fetch|path" >&2; exit 2 ;;
 esac
 
-if [[ -x "$DIR/current/usr/sbin/criu" ]]; then
+if [[ -x "$DIR/current/criu" ]]; then
   log "present: $(readlink -f "$DIR/current")"
   exit 0
 fi
@@ -53,16 +54,22 @@ TARGET="$DIR/$VERSION"
 rm -rf "$TARGET.new"
 mkdir -p "$TARGET.new/root"
 for deb in "$WORK/debs"/*.deb; do dpkg-deb -x "$deb" "$TARGET.new/root"; done
-ROOT="$TARGET.new/root"
-LIBS="$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/lib/x86_64-linux-gnu"
-if ! "$ROOT/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$LIBS" "$ROOT/usr/sbin/criu" --version \
-  >"$WORK/version.txt" 2>&1; then
+# The wrapper names the folder's final place; it is tried from there once moved, before current/ points at it.
+ROOT="$TARGET/root"
+cat >"$TARGET.new/criu" <<WRAPPER
+#!/bin/sh
+# CRIU $VERSION from Debian $SUITE, run with its own loader and libraries (scripts/criu.sh).
+exec "$ROOT/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \\
+  --library-path "$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/lib/x86_64-linux-gnu" "$ROOT/usr/sbin/criu" "\$@"
+WRAPPER
+chmod 0755 "$TARGET.new/criu"
+rm -rf "$TARGET"
+mv "$TARGET.new" "$TARGET"
+if ! "$TARGET/criu" --version >"$WORK/version.txt" 2>&1; then
   cat "$WORK/version.txt" >&2
   log "the unpacked criu $VERSION does not run"
   exit 1
 fi
-rm -rf "$TARGET"
-mv "$TARGET.new" "$TARGET"
-ln -sfn "$VERSION/root" "$DIR/current.new"
+ln -sfn "$VERSION" "$DIR/current.new"
 mv -T "$DIR/current.new" "$DIR/current"
 log "criu $VERSION from Debian $SUITE in $TARGET/root ($(head -n 1 "$WORK/version.txt"))"

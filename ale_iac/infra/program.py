@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ale_iac.contract import UnitSpec
+from ale_iac.contract import POOL_LABEL, UnitSpec
 from ale_iac.infra import declare
 from ale_iac.profile import CONFIG_NAMESPACE, PoolSpec, Profile, parse_profile
 
@@ -37,7 +37,7 @@ def inline_program(
 def pool_units(pool: PoolSpec, stack: str) -> list[UnitSpec]:
     """The units of a pool stack (:meth:`PoolSpec.members`: stable names, so ``pulumi up`` diffs stay small)."""
     return [
-        UnitSpec(name=name, snapshot=snapshot, shape=pool.shape, labels={"pool": stack})
+        UnitSpec(name=name, snapshot=snapshot, shape=pool.shape, labels={POOL_LABEL: stack})
         for name, snapshot in pool.members()
     ]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ale_iac.contract import UnitOutputs, UnitSpec
+from ale_iac.contract import POOL_LABEL, UnitOutputs, UnitSpec
 from ale_iac.engine import Engine
 from ale_iac.errors import ConfigError
 from ale_iac.profile import CleanupMode, HostRoute, Profile
@@ -98,7 +98,7 @@ class SharedStack:
         specs: list[UnitSpec] = []
         for index, (key, group) in enumerate(sorted(groups.items())):
             members[key] = [f"g{index}-u{slot}" for slot in range(min(concurrency, len(group)))]
-            labels = {"run": self.registry.run_id, "pool": self.stack}
+            labels = {"run": self.registry.run_id, POOL_LABEL: self.stack}
             shape = group[0].task.card.resources
             specs += [UnitSpec(name=name, snapshot=key[0], shape=shape, labels=labels) for name in members[key]]
         self.registry.claim(self.stack)  # before the up: a crash inside it leaves a stack gc can find

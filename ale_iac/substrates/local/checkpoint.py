@@ -6,8 +6,8 @@ restores that dump into a fresh writable layer instead of booting the desktop ag
 The supervisor imports this module, so it uses the standard library and ``ale_iac.paths`` only.
 
 CRIU must be 4.2 or later on current kernels (``scripts/criu.sh`` says why and fetches Debian unstable's
-build into ale-iac's cache, run through its own dynamic loader); a ``criu`` of at least that version on
-``PATH``, or ``ALE_IAC_CRIU`` (an executable), is used as it is.
+build into ale-iac's cache, with an executable that runs it through its own dynamic loader); ``ALE_IAC_CRIU``
+(an executable) comes before it, a ``criu`` of at least that version on ``PATH`` after it.
 """
 
 from __future__ import annotations
@@ -35,15 +35,6 @@ class CheckpointError(Exception):
     pass
 
 
-def _unpacked(root: Path) -> list[str] | None:
-    criu = root / "usr/sbin/criu"
-    loader = root / "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-    if not (criu.is_file() and loader.is_file()):
-        return None
-    libraries = f"{root}/usr/lib/x86_64-linux-gnu:{root}/lib/x86_64-linux-gnu"
-    return [str(loader), "--library-path", libraries, str(criu)]
-
-
 def _version(argv: list[str]) -> tuple[int, ...] | None:
     try:
         done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=10, check=False)
@@ -60,9 +51,9 @@ def criu_command() -> list[str]:
         if not (os.path.isfile(override) and os.access(override, os.X_OK)):
             raise CheckpointError(f"ALE_IAC_CRIU={override} is not an executable file")
         return [override]
-    fetched = _unpacked(cache_root() / "criu" / "current")
-    if fetched is not None:
-        return fetched
+    fetched = cache_root() / "criu" / "current" / "criu"  # scripts/criu.sh's
+    if os.access(fetched, os.X_OK):
+        return [str(fetched)]
     system = shutil.which("criu")
     if system is not None:
         version = _version([system])

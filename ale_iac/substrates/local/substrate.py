@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pydantic import Field, SecretStr
 
-from ale_iac.contract import UnitOutputs, UnitSpec
+from ale_iac.contract import POOL_LABEL, UnitOutputs, UnitSpec
 from ale_iac.images import require_image
 from ale_iac.profile import LocalRoute
 from ale_iac.substrates.base import (
@@ -67,7 +67,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             memory_gb=shape.memory_gb,
             disk_gb=shape.disk_gb or sandboxes.DEFAULT_DISK_GB,
             pids_limit=route.pids_limit,
-            checkpoint=route.checkpoint and "pool" in labels,
+            checkpoint=route.checkpoint and POOL_LABEL in labels,
         )
 
     def units_on_image(self, rootfs: Path) -> list[str]:
