@@ -345,15 +345,17 @@ def test_the_container_sees_only_its_work_dir_and_reaches_only_the_relays(  # no
 
 
 @pytest.mark.parametrize(
-    ("mode", "marker", "killed"),
+    ("mode", "killed"),
     [
-        ("hang", "hanging", False),  # the entry's own deadline fires first and reports the timeout
-        ("freeze", "install.log", True),  # the entry itself is stuck: the engine kills the container
+        ("hang", False),  # the entry's own deadline fires first and reports the timeout
+        ("freeze", True),  # the entry itself is stuck: the engine kills the container
     ],
 )
-def test_the_deadline_ends_the_container(
-    docker_image: str, tmp_path: Path, mode: str, marker: str, killed: bool
-) -> None:
+def test_the_deadline_ends_the_container(docker_image: str, tmp_path: Path, mode: str, killed: bool) -> None:
+    """``install.log`` shows the deployer ran: the first thing its ``install`` writes. Not ``launch``'s marker:
+    between the two the entry waits for its warm bridges' imports, which on a loaded machine can take longer
+    than this test's 2 s limit (the limit covers the wait; it fired there once in CI, before ``launch``)."""
+
     async def main() -> AgentRunResult:
         sandbox = FakeSandbox("tok-" + secrets.token_hex(8))
         endpoint = await sandbox.start()
@@ -366,7 +368,7 @@ def test_the_deadline_ends_the_container(
     result = asyncio.run(main())
     assert result.status == "timeout", result
     assert "2 s limit" in (result.error or "")
-    assert (tmp_path / "agent" / marker).exists()  # it did start
+    assert (tmp_path / "agent" / "install.log").exists()  # it did start
     assert ("container killed" in (result.error or "")) is killed
     assert (tmp_path / "agent" / "_done").exists() is not killed
     assert our_containers() == []

@@ -95,6 +95,7 @@ def test_its_own_deadline_kills_what_it_started(sandbox: LocalSandboxState, tmp_
     executor = executor_for(probe_config(mode="hang"), handle_of(sandbox), tmp_path / "unit" / "agent")
     result = asyncio.run(run_probe(executor, "hang", 3))
     assert result.status == "timeout", result
+    assert "started" in (tmp_path / "unit" / "agent" / "hang.log").read_text()  # there was a child to kill
     assert in_sandbox(sandbox, "pgrep -f 'slee[p] 3600'")["return_code"] == 1
 
 

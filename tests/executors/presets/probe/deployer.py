@@ -2,7 +2,7 @@
 sees there (which machine, the bridges, the model gateway). It follows the real deployer contract and
 uses only the agent SDK, so it runs from the runtime bundle inside a sandbox or a container too.
 
-``settings.mode``: ``probe`` (default), ``hang`` (a child that never ends), ``crash`` (install raises).
+``settings.mode``: ``probe`` (default), ``hang`` (install starts a child that never ends), ``crash`` (install raises).
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ class ProbeDeployer(BaseAgentDeployer):
         self.executor.write_text(
             "install.log", f"kind={self.executor.kind} native_shell={self.executor.native_shell}\n"
         )
+        if mode == "hang":
+            # In install, the deployer's first step: in launch the child would start only after the entry's
+            # wait for its warm bridges, which a short limit can cut (then there is nothing to kill).
+            await self.executor.run(["sh", "-c", "echo started; exec sleep 3600"], log_name="hang.log")
 
     async def launch(self, prompt: str) -> AgentRunResult:
-        mode = self.config.settings.get("mode", "probe")
-        if mode == "hang":
-            self.executor.write_text("hanging", "1\n")
-            await self.executor.run(["sleep", "3600"], log_name="hang.log")
-            return AgentRunResult(status="completed")
         report: dict[str, object] = {"kind": self.executor.kind, "native_shell": self.executor.native_shell}
         shell = await self.executor.run(
             ["sh", "-c", 'printf "%s" "$PROMPT" > prompt-seen.txt; hostname; id -u; env | sort > env.txt'],
