@@ -42,6 +42,8 @@ Runner = Literal["host", "container"]
 RUNNER_KIND = "qemu-runner"
 LABEL = "ale-iac."
 STOP_GRACE_S = 10.0
+KILL_WAIT_S = 5.0
+GONE_POLL_S = 0.05
 VM = "vm"
 QEMU_UID_START = 0x60000000
 """QEMU's host ids: ``QEMU_UID_START + slot``, above the local substrate's ranges (2^30 .. 2^30 + 2^28) and
@@ -309,16 +311,34 @@ def kill(launched: Launched, unit_dir: Path) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and qemu_alive(pid, unit_dir):
-        _reap(pid, timeout=0.2)
-    if qemu_alive(pid, unit_dir):
+    if not _wait_gone(pid, unit_dir, STOP_GRACE_S):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _reap(pid, timeout=5.0)
+        _wait_gone(pid, unit_dir, KILL_WAIT_S)
+
+
+def _wait_gone(pid: int, unit_dir: Path, timeout: float) -> bool:
+    """Wait until ``pid`` is no longer a live QEMU of ``unit_dir``; whether it went within ``timeout``.
+
+    Judged by :func:`qemu_alive`, which counts a zombie as gone: a QEMU another process started (the
+    engine's provider process made the unit, a run's reset stops it) stays a zombie until that parent reaps
+    it, and waiting for its pid to disappear cost every such stop the whole wait (5 s a reset or destroy)."""
+    deadline = time.monotonic() + timeout
+    while qemu_alive(pid, unit_dir):
+        if time.monotonic() >= deadline:
+            return False
+        _reap(pid, timeout=GONE_POLL_S)
+    _reap(pid)
+    return True
 
 
 def _reap(pid: int | None, timeout: float = 0.0) -> None:
+    """Reap ``pid`` if it is our child (waiting up to ``timeout``); otherwise wait up to ``timeout`` for it
+    to go. Also reaps our other QEMUs that have exited (stopped by another process), so that none of them
+    stays a zombie of this process."""
+    for other, child in list(_children.items()):
+        if other != pid and child.poll() is not None:
+            _children.pop(other, None)
     if pid is None:
         return
     proc = _children.get(pid)
