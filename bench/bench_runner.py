@@ -1,17 +1,18 @@
-"""Runner overhead and throughput on the local profile.
+"""Runner overhead and throughput on a host profile (``local`` by default; ``--profile docker`` or ``qemu``).
 
 Runs the reference agent on the demo's CLI task as 8 units (repeats) at concurrency 1, 2 and 4 and
 prints, per concurrency: wall time, units per hour, and the median per-unit runner overhead (unit
 time minus agent time: stack up, readiness, staging, setup, grading, destroy).
 
-With ``--pool N`` the units lease from a pool stack of N local units instead (brought up first, as
-``pulumi up`` on ``stacks/Pulumi.local.yaml`` would, and destroyed at the end): each unit is reset to a
-fresh sandbox between leases. With ``--shared-stack`` each run makes its own such stack (``shared_stack: true``:
-a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit; with ``--both``,
-each -j runs a stack per unit and then a shared stack, side by side. With ``--pool N --checkpoint both`` the pool
-runs without and then with ``checkpoint: true`` (each reset a CRIU restore of the unit's checkpoint).
+With ``--pool N`` the units lease from a pool stack of N units instead (brought up first, as ``pulumi up`` on
+``stacks/Pulumi.<profile>.yaml`` would, and destroyed at the end): each unit is reset to a fresh sandbox,
+container or guest between leases. With ``--shared-stack`` each run makes its own such stack (``shared_stack:
+true``: a sandbox per -j slot, one ``up`` and one ``destroy`` for the run) instead of a stack per unit; with
+``--both``, each -j runs a stack per unit and then a shared stack, side by side. With ``--pool N --checkpoint
+both`` (local) the pool runs without and then with ``checkpoint: true`` (each reset a CRIU restore of the unit's
+checkpoint).
 
-    .venv/bin/python bench/bench_runner.py [--units 8] [--jobs 1 2 4]
+    .venv/bin/python bench/bench_runner.py [--profile local|docker|qemu] [--units 8] [--jobs 1 2 4]
         [--pool 2 [--checkpoint off|on|both] | --shared-stack | --both]
 """
 
@@ -45,7 +46,8 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=8)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--task", default="examples/tasks/cli-log-stats")
-    parser.add_argument("--pool", type=int, default=0, help="lease from a pool stack of this many local units")
+    parser.add_argument("--profile", choices=("local", "docker", "qemu"), default="local")
+    parser.add_argument("--pool", type=int, default=0, help="lease from a pool stack of this many units")
     parser.add_argument(
         "--shared-stack", action="store_true", help="one stack for each run (shared_stack: true), not one per unit"
     )
@@ -69,7 +71,11 @@ def main() -> None:
                 _measure(
                     args,
                     Path(tmp),
-                    {"profile": _profile_file(Path(tmp), checkpoint), "shared_stack": shared, "checkpoint": checkpoint},
+                    {
+                        "profile": _profile_file(Path(tmp), args.profile, checkpoint),
+                        "shared_stack": shared,
+                        "checkpoint": checkpoint,
+                    },
                     jobs,
                 )
                 for jobs in args.jobs
@@ -80,14 +86,16 @@ def main() -> None:
             engine = Engine()
             rows = []
             for checkpoint in checkpoints:
-                profile = with_checkpoint(resolve_profile("local").profile, checkpoint)
+                profile = resolve_profile(args.profile).profile
+                if args.checkpoint != "off":
+                    profile = with_checkpoint(profile, checkpoint)
                 engine.up(POOL, inline_program(profile, pool_units(PoolSpec(units=args.pool), POOL), POOL))
                 try:
                     source = {"pool": POOL, "checkpoint": checkpoint}
                     rows += [_measure(args, Path(tmp), source, jobs) for jobs in args.jobs]
                 finally:
                     engine.destroy(POOL)
-    print(f"{args.units} units of {args.task} with the scripted agent, local profile")
+    print(f"{args.units} units of {args.task} with the scripted agent, {args.profile} profile")
     print(f"{'source':>26} {'jobs':>4} {'wall s':>8} {'units/hour':>10} {'overhead/unit s':>16} {'agent s':>8}")
     for label, jobs, wall, over, agent, _ in rows:
         print(f"{label:>26} {jobs:>4} {wall:8.1f} {3600 * args.units / wall:10.0f} {over:16.2f} {agent:8.2f}")
@@ -100,10 +108,12 @@ def main() -> None:
             print(f"  {label}, -j {jobs}: {line}")
 
 
-def _profile_file(tmp: Path, checkpoint: bool) -> str:
-    """The shipped local profile, or a copy of it whose route has ``checkpoint: true``."""
+def _profile_file(tmp: Path, name: str, checkpoint: bool) -> str:
+    """The shipped profile, or a copy of it whose route has ``checkpoint: true`` (local only)."""
     if not checkpoint:
-        return "local"
+        return name
+    if name != "local":
+        raise SystemExit("--checkpoint is for the local profile")
     document = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())
     profile = document["config"]["ale-iac:profile"]
     profile["snapshots"][profile["default_snapshot"]]["checkpoint"] = True
