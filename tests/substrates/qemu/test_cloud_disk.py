@@ -99,7 +99,7 @@ def test_the_guest_booted_as_a_cloud_vm_and_keeps_the_token_out_of_its_logs(boot
                 "cat /proc/cmdline",
                 "findmnt -n -o SOURCE /; ls /sys/bus/virtio/drivers",
                 "ip -4 -o addr show scope global",
-                f"grep -rlF '{booted.token}' /var/log /etc /root /tmp",
+                f"grep -rlF -- '{booted.token}' /var/log /etc /root /tmp",
             ]
         )
     )
