@@ -565,18 +565,35 @@ cmd_start() {
     printf '%s\n' "$KUBECONFIG_FILE"
 }
 
-# stop_one NAME: TERM, then KILL after 10 s, the recorded process and its session (launch used setsid).
-stop_one() {
-    local pid i
-    pid="$(cat "$(pidfile "$1")" 2>/dev/null)" || return 0
-    [ -n "$pid" ] || return 0
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 50); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.2
+any_alive() { # any_alive PID...: whether one of them still runs
+    local pid
+    for pid in "$@"; do
+        kill -0 "$pid" 2>/dev/null && return 0
     done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$(pidfile "$1")"
+    return 1
+}
+
+# stop_all NAME...: TERM the recorded processes and their sessions (launch used setsid) all at once, then KILL
+# what is left after 10 s. Together: each takes 1.5 to 3 s to shut down on TERM, and one after the other the six
+# took 13 s of every stop (the state they would keep is deleted next).
+stop_all() {
+    local name pid i pids=()
+    for name in "$@"; do
+        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" || continue
+        [ -n "$pid" ] || continue
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        pids+=("$pid")
+    done
+    for i in $(seq 100); do
+        any_alive "${pids[@]}" || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    done
+    for name in "$@"; do
+        rm -f "$(pidfile "$name")"
+    done
 }
 
 # The processes of this cluster's pods: containerd's shims run in sessions of their own, and each one
@@ -591,18 +608,19 @@ shim_pids() {
 
 cmd_stop() {
     need_root stop
-    local t0=$SECONDS i name id pid m
+    local t0=$SECONDS id pid m
     if [ -d "$STATE" ]; then
-        stop_one kubelet # first: it would restart what is stopped under it
+        stop_all kubelet # first: it would restart what is stopped under it
         if alive containerd; then
             for id in $(ctr_ -n k8s.io tasks ls -q 2>/dev/null || true); do
                 ctr_ -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
             done
         fi
-        for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-            name="${COMPONENTS[$i]}"
-            [ "$name" = kubelet ] || stop_one "$name"
-        done
+        # The API server before etcd: stopped together, etcd waits for the API server's streams and the API
+        # server for etcd, until the KILL 10 s later.
+        stop_all kube-scheduler kube-controller-manager kube-apiserver
+        stop_all etcd containerd
+        stop_all "${COMPONENTS[@]}" # any other (those stopped above have no pid file left)
         for pid in $(shim_pids); do
             # the shim's children (the pods' processes) first, then the shim
             pkill -KILL -P "$pid" 2>/dev/null || true
