@@ -200,7 +200,11 @@ class _Unit:
         if (oom := record_limits(handle, self.record)) and self.status is not UnitStatus.SUCCEEDED:
             self.error = oom if self.error is None else f"{self.error}; {oom}"
         self.record.phase_start("cleanup")
-        outcome = await provisioner.release(self.status, self.score)
+        try:
+            outcome = await provisioner.release(self.status, self.score)
+        finally:
+            if handle is not None:  # destroyed, retained or back in its pool: this run is done with it
+                await asyncio.to_thread(handle.close_port_forward)
         self.record.phase_end("cleanup", outcome=outcome)
         duration = round(time.monotonic() - self.started, 3)
         self.record.write_run(

@@ -48,6 +48,16 @@ class SandboxHandle(UnitOutputs):
             managed=False,
         )
 
+    def close_port_forward(self) -> None:
+        """Close this process's port-forward to the unit's pod, if it opened one; for when this process is done
+        with the unit. ``kubectl port-forward`` outlives the pod it leads to (it fails only the connections made
+        after), so a forward left open keeps a kubectl process and a relay port until this process exits: one
+        per unit of a run, without this."""
+        if self.port_forward is not None:
+            from ale_iac.sandbox.portforward import close
+
+            close(self.port_forward)
+
     def client(self, timeout: float = 60.0) -> ComputerServerClient:
         """A client of the unit's computer-server whose commands see :meth:`command_env`."""
         from ale_iac.sandbox.client import ComputerServerClient

@@ -12,9 +12,11 @@ of its streams (a CI run saw it end right after the model channel test's connect
 supervised: kubectl is started again on its port until the forward is closed or the pod is gone (a reset replaced
 it; the next handle forwards to the new pod). The unit's endpoint is not kubectl's port but a relay of ours in
 front of it (``sandbox.holding_relay``), which stays open across those restarts: a connection made while kubectl
-starts again waits for it instead of being refused. Every forward is closed when this process exits
-(:func:`close_all`, at ``atexit``); a process killed with SIGKILL leaves its kubectl running until the pod it
-forwards to is gone (its relay goes with the process).
+starts again waits for it instead of being refused. A forward is closed when its unit is released
+(``SandboxHandle.close_port_forward``: a run is done with the unit, destroyed, retained or back in its pool), and
+every one when this process exits (:func:`close_all`, at ``atexit``). kubectl does not end when the pod it forwards
+to is deleted (it fails only the connections made after), so a process killed with SIGKILL leaves its kubectl
+running until ``ale-iac gc`` stops it (:func:`sweep_orphans`; its relay goes with the process).
 """
 
 from __future__ import annotations

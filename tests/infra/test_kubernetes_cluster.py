@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from ale_iac.contract import Shape, UnitSpec
@@ -107,7 +108,10 @@ def test_the_demo_experiment_on_the_kubernetes_profile_scores_one(kube_cluster: 
     experiment = load_experiment(
         REPO / "examples" / "demo.yaml", {"profile": "kubernetes", "output_root": str(tmp_path), "concurrency": 2}
     )
+    forwards_before = port_forwards_of_this_process()
     summary = run_experiment(experiment)
+    # Each unit's port-forward closed with the unit (kubectl's outlives the pod it leads to).
+    assert port_forwards_of_this_process() <= forwards_before
     assert {o.task for o in summary.outcomes} >= {"cli-log-stats", "gui-notepad", "mixed-clipboard-total"}
     assert all(o.status == "succeeded" and o.score == 1.0 for o in summary.outcomes), summary.outcomes
     for outcome in summary.outcomes:
@@ -116,6 +120,15 @@ def test_the_demo_experiment_on_the_kubernetes_profile_scores_one(kube_cluster: 
     assert Engine().list_stacks() == []
     assert "kubernetes" in (summary.run_dir / "experiment.json").read_text()
     assert objects_of_all(kube_cluster) == []
+
+
+def port_forwards_of_this_process() -> set[int]:
+    """The pids of the ``kubectl port-forward`` processes this process started that still run."""
+    return {
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if child.status() != psutil.STATUS_ZOMBIE and "port-forward" in child.cmdline()
+    }
 
 
 def objects_of_all(cluster: KubeCluster) -> list[str]:
@@ -142,6 +155,7 @@ def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> N
     profile = kube_profile(kube_cluster, Shape(memory_gb=0.5))
     engine = Engine()
     resolved: list[dict[str, object]] = []
+    handles: list[SandboxHandle] = []
     started = time.monotonic()
     engine.up(stack, inline_program(profile, pool_units(PoolSpec(units=20), stack), stack, on_units=resolved.append))
     try:
@@ -150,6 +164,7 @@ def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> N
 
         async def ready(name: str) -> str:
             handle = await asyncio.to_thread(SandboxHandle.from_outputs, stack, units[name])
+            handles.append(handle)
             await wait_ready(handle, 600)
             return handle.endpoint
 
@@ -160,6 +175,8 @@ def test_twenty_units_at_once_on_the_single_node(kube_cluster: KubeCluster) -> N
         all_ready_s = time.monotonic() - started
         assert len(set(endpoints)) == 20  # a forward of its own each
     finally:
+        for handle in handles:
+            handle.close_port_forward()
         engine.destroy(stack)
     assert objects_of(kube_cluster, stack) == []
     print(f"\n[measure] 20 kubernetes units: all ready {all_ready_s:.1f} s after the up began", file=sys.stderr)
