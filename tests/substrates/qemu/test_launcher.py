@@ -71,3 +71,22 @@ def test_a_qemu_another_process_started_is_stopped_without_waiting_for_its_paren
     finally:
         parent.stdin.close()
         parent.wait(30)
+
+
+def test_a_unit_read_while_its_launch_script_execs_still_counts_as_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an exec the kernel shows a process's command line empty for a moment (the launch script execs
+    setpriv, which execs QEMU); read then, the unit must not look stopped (gc would remove a starting unit)."""
+    unit = tmp_path / "u"
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *script(unit)[1:]])
+    try:
+        reads = iter([[], [], script(unit)])  # empty twice, as mid-exec, then its own
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda _self: next(reads))
+        assert launcher.qemu_alive(stand_in.pid, unit)
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda _self: [])  # a kernel thread's: empty for good
+        monkeypatch.setattr(launcher, "EXEC_SETTLE_S", 0.05)
+        assert not launcher.qemu_alive(stand_in.pid, unit)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
