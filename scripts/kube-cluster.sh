@@ -565,10 +565,10 @@ cmd_start() {
     printf '%s\n' "$KUBECONFIG_FILE"
 }
 
-any_alive() { # any_alive PID...: whether one of them still runs
-    local pid
-    for pid in "$@"; do
-        kill -0 "$pid" 2>/dev/null && return 0
+any_alive() { # any_alive NAME...: whether one of their recorded processes still runs
+    local name
+    for name in "$@"; do
+        alive "$name" && return 0
     done
     return 1
 }
@@ -577,21 +577,17 @@ any_alive() { # any_alive PID...: whether one of them still runs
 # what is left after 10 s. Together: each takes 1.5 to 3 s to shut down on TERM, and one after the other the six
 # took 13 s of every stop (the state they would keep is deleted next).
 stop_all() {
-    local name pid i pids=()
+    local name pid i
     for name in "$@"; do
-        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" || continue
-        [ -n "$pid" ] || continue
+        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" && [ -n "$pid" ] || continue
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-        pids+=("$pid")
     done
     for i in $(seq 100); do
-        any_alive "${pids[@]}" || break
+        any_alive "$@" || break
         sleep 0.1
     done
-    for pid in "${pids[@]}"; do
-        kill -KILL -- "-$pid" 2>/dev/null || true
-    done
     for name in "$@"; do
+        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" && [ -n "$pid" ] && { kill -KILL -- "-$pid" 2>/dev/null || true; }
         rm -f "$(pidfile "$name")"
     done
 }

@@ -314,7 +314,11 @@ def _argument(cmdline: list[str], flag: str) -> str | None:
 
 
 def kill(launched: Launched, unit_dir: Path) -> None:
-    """Stop the QEMU of ``unit_dir`` (SIGTERM, then SIGKILL after a grace) or remove its container."""
+    """Stop the QEMU of ``unit_dir`` (SIGTERM, then SIGKILL after a grace) or remove its container. First, reap
+    our QEMUs that another process stopped, so that none of them stays a zombie of this process."""
+    for other, child in list(_children.items()):
+        if child.poll() is not None:
+            _children.pop(other, None)
     if launched.runner == "container":
         remove_container(unit_dir)
         return
@@ -349,11 +353,7 @@ def _wait_gone(pid: int, unit_dir: Path, timeout: float) -> bool:
 
 def _reap(pid: int | None, timeout: float = 0.0) -> None:
     """Reap ``pid`` if it is our child (waiting up to ``timeout``); otherwise wait up to ``timeout`` for it
-    to go. Also reaps our other QEMUs that have exited (stopped by another process), so that none of them
-    stays a zombie of this process."""
-    for other, child in list(_children.items()):
-        if other != pid and child.poll() is not None:
-            _children.pop(other, None)
+    to go."""
     if pid is None:
         return
     proc = _children.get(pid)
