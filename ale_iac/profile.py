@@ -101,15 +101,16 @@ class LocalRoute(HostRoute):
     )
     checkpoint: bool = Field(
         default=False,
-        description="Pool units only: checkpoint each unit with CRIU once it is ready, and reset it between leases by "
-        "restoring that checkpoint on a new writable layer instead of booting the desktop again (docs/checkpoint.md; "
+        description="Start units from CRIU checkpoints of a ready desktop instead of booting it: a pool unit is "
+        "checkpointed once and reset between leases by restoring its checkpoint on a new writable layer; any other "
+        "unit restores a template slot's, one made by the first unit of the same template (docs/checkpoint.md; "
         "needs root, CRIU 4.2 or later, and no outbound network).",
     )
 
     @field_validator("checkpoint")
     @classmethod
     def _checkpoint_needs(cls, value: bool, info: ValidationInfo) -> bool:
-        """Errors at ``<route>.checkpoint``: a restore is a way to reset, into a network of its own."""
+        """Errors at ``<route>.checkpoint``: a restore is a way to reset (a pool unit's), into a network of its own."""
         if value and info.data.get("allow_outbound"):
             raise PydanticCustomError(
                 "checkpoint_and_outbound",

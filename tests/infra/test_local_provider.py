@@ -97,6 +97,8 @@ def test_an_input_added_later_replaces_no_unit_made_before_it() -> None:
     # checkpoint (added with docs/checkpoint.md) likewise: a pool made before it keeps its units.
     assert provider.diff("s-u-1", olds, {**news, "checkpoint": False}).changes is False
     assert provider.diff("s-u-1", olds, {**news, "checkpoint": True}).replaces == ["checkpoint"]
+    assert provider.diff("s-u-1", olds, {**news, "template": False}).changes is False  # and template, after it
+    assert provider.diff("s-u-1", olds, {**news, "template": True}).replaces == ["template"]
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from ale_iac.substrates.docker.isolation import NOT_APPLICABLE as DOCKER_NOT_APP
 from ale_iac.substrates.isolation import IsolationProbe
 from ale_iac.substrates.local import host as local_host
 from ale_iac.substrates.local import runtime as local_runtime
+from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.substrates.local.isolation import NOT_APPLICABLE as LOCAL_NOT_APPLICABLE
 from ale_iac.substrates.local.isolation import LocalIsolation
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState
@@ -62,9 +63,11 @@ LOCAL_KINDS = [
     "local",
     pytest.param("local-rootless", marks=pytest.mark.rootless),
     pytest.param("local-checkpoint", marks=pytest.mark.criu),
+    pytest.param("local-template", marks=pytest.mark.criu),
 ]
-"""The local substrate as root, as a normal user (``rootless``: a user the session makes), and a checkpointed
-unit after a reset (its processes a CRIU restore of the checkpoint, not a boot)."""
+"""The local substrate as root, as a normal user (``rootless``: a user the session makes), a checkpointed
+unit after a reset (its processes a CRIU restore of the checkpoint, not a boot), and an ephemeral unit restored
+from a template slot's checkpoint, which another unit made."""
 
 PIDS_LIMIT = 200
 DISK_GB = 1
@@ -124,6 +127,7 @@ REASONS = {
     "local": LOCAL_NOT_APPLICABLE,
     "local-rootless": LOCAL_NOT_APPLICABLE,
     "local-checkpoint": LOCAL_NOT_APPLICABLE,
+    "local-template": LOCAL_NOT_APPLICABLE,
     "docker": DOCKER_NOT_APPLICABLE,
     "qemu": QEMU_NOT_APPLICABLE,
     "kubernetes": POD_NOT_APPLICABLE,
@@ -158,19 +162,28 @@ def sut(request: pytest.FixtureRequest, desktop_image: ImageInfo) -> Iterator[Sa
         yield from _rootless_sut(request.getfixturevalue("rootless_user"))
         return
     restored = request.param == "local-checkpoint"
+    template = request.param == "local-template"
     spec = LocalSandboxSpec(
         sandbox_id=new_sandbox_id("isolation"),
         rootfs=str(desktop_image.rootfs),
         pids_limit=PIDS_LIMIT,
         disk_gb=DISK_GB,
-        checkpoint=restored,
+        checkpoint=restored or template,
+        template=template,
     )
+    if template:  # a unit that makes the template (or finds it made), then the unit under test, restored from it
+        local_runtime.stop(local_runtime.start(spec).sandbox_id)
+        spec = dataclasses.replace(spec, sandbox_id=new_sandbox_id("isolation"))
     state = local_runtime.start(spec)
     try:
         if restored:
             state = local_runtime.reset(spec.sandbox_id)
             assert state.restored
         wait_for_status(state)
+        if template:  # start() returned while the supervisor restored it: its processes are in the state since
+            reread = local_sandboxes.load_state(spec.sandbox_id)
+            assert reread is not None and reread.restored, reread
+            state = reread
         yield SandboxUnderTest(request.param, registry.get("local").isolation_probe(state), Endpoint.of(state))
     finally:
         local_runtime.stop(state.sandbox_id)

@@ -19,6 +19,9 @@ from typing import Final
 CLONE_NEWNS: Final = 0x00020000
 CLONE_NEWUSER: Final = 0x10000000
 CLONE_NEWNET: Final = 0x40000000
+CLONE_NEWUTS: Final = 0x04000000
+
+MNT_DETACH: Final = 0x2
 
 MS_RDONLY: Final = 0x1
 MS_NOSUID: Final = 0x2
@@ -81,6 +84,10 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
         ),
         f"mount {target}",
     )
+
+
+def umount(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
 
 
 def private_mount_namespace() -> None:

@@ -79,7 +79,8 @@ from ale_iac.substrates.local.sandboxes import (
 
 
 def start(spec: LocalSandboxSpec, *, home: Path | None = None, timeout: float = 30.0) -> LocalSandboxState:
-    """Start a sandbox and return once its processes run and its endpoint listens.
+    """Start a sandbox and return once its processes run and its endpoint listens (a unit from a template slot:
+    once its endpoint listens, while its supervisor restores it; a connection waits until it is served).
 
     The supervisor is started through ``setsid -f`` so it is not our child: the caller (a
     short-lived Pulumi provider process) can exit without taking it along or leaving a zombie.
@@ -115,6 +116,8 @@ def _check_rootfs(spec: LocalSandboxSpec) -> None:
 def _check_checkpoint(spec: LocalSandboxSpec) -> None:
     """A checkpointed sandbox needs root mode, no outbound network (slirp4netns would have to follow each
     restore into its new network namespace) and CRIU (``checkpoint.criu_command`` says what is missing)."""
+    if spec.template and not spec.checkpoint:
+        raise SandboxError(f"sandbox {spec.sandbox_id}: a template is a checkpoint; it needs checkpoint: true")
     if not spec.checkpoint:
         return
     if host_mode() == MODE_ROOTLESS:

@@ -84,6 +84,9 @@ class LocalSandboxSpec:
     checkpoint: bool = False
     """Dump the sandbox with CRIU once it is ready, before anyone uses it, and make every reset a restore of
     that dump (``checkpoint.py``; root mode, no outbound network)."""
+    template: bool = False
+    """With ``checkpoint``: the checkpoint is a template slot's, shared by the ephemeral units of one template one
+    after another (``templates.py``), not the sandbox's own; the first unit on a slot boots and makes it."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
@@ -15,6 +16,7 @@ from ale_iac.substrates.base import (
     Capability,
     HostCheck,
     HostUnit,
+    Leftover,
     Limit,
     LiveEndpoint,
     Substrate,
@@ -23,7 +25,7 @@ from ale_iac.substrates.base import (
     UnitState,
 )
 from ale_iac.substrates.isolation import IsolationProbe
-from ale_iac.substrates.local import checkpoint, host, runtime, sandboxes
+from ale_iac.substrates.local import checkpoint, host, runtime, sandboxes, templates
 from ale_iac.substrates.local.isolation import LocalIsolation
 
 
@@ -35,7 +37,9 @@ class LocalInputs(UnitInputs):
     disk_gb: int = sandboxes.DEFAULT_DISK_GB
     pids_limit: int = sandboxes.DEFAULT_PIDS_LIMIT
     checkpoint: bool = False
-    """The route's ``checkpoint``, for a pool's unit (the only kind that is reset)."""
+    """The route's ``checkpoint``, for a pool's unit (the only kind that is reset): a checkpoint of its own."""
+    template: bool = False
+    """The route's ``checkpoint``, for any other unit: it restores a template slot's (``local/templates.py``)."""
 
 
 class LocalState(UnitState):
@@ -68,6 +72,7 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             disk_gb=shape.disk_gb or sandboxes.DEFAULT_DISK_GB,
             pids_limit=route.pids_limit,
             checkpoint=route.checkpoint and POOL_LABEL in labels,
+            template=route.checkpoint and POOL_LABEL not in labels,
         )
 
     def units_on_image(self, rootfs: Path) -> list[str]:
@@ -89,7 +94,8 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
             memory_gb=inputs.memory_gb,
             disk_gb=inputs.disk_gb,
             pids_limit=inputs.pids_limit,
-            checkpoint=inputs.checkpoint,
+            checkpoint=inputs.checkpoint or inputs.template,
+            template=inputs.template,
             labels=dict(inputs.labels),
         )
         state = runtime.start(spec)
@@ -122,6 +128,13 @@ class LocalSubstrate(Substrate[LocalInputs, LocalState, LocalRoute]):
 
     def units(self) -> list[HostUnit]:
         return [HostUnit(state.sandbox_id, state.labels.get("stack")) for state in sandboxes.list_sandboxes()]
+
+    def leftovers(self) -> list[Leftover]:
+        """Template slots no unit holds that are of no further use (``templates.leftovers``)."""
+        return [
+            Leftover("folder", str(slot), f"local template slot {slot}", functools.partial(templates.remove, slot))
+            for slot in templates.leftovers(templates.templates_dir(sandboxes.home_dir().resolve()))
+        ]
 
     def limits(self, unit: UnitOutputs) -> UnitLimits | None:
         state = sandboxes.load_state(unit.resource_id)

@@ -27,7 +27,9 @@ import here is memory per sandbox). It owns the sandbox's processes for their wh
 7. lets bwrap go on to exec the image's init, writes ``state.json`` and reports to ``start()``. A checkpointed
    sandbox (``spec.checkpoint``, docs/checkpoint.md) is dumped with CRIU once its computer-server listens and
    restored at once, and given its endpoint then; a reset's new supervisor finds the checkpoint in the state dir
-   and restores it onto the new layer instead of starting bwrap;
+   and restores it onto the new layer instead of starting bwrap. An ephemeral checkpointed unit (``spec.template``)
+   leases a template slot (``templates.py``) for its life and restores the slot's checkpoint the same way, or
+   makes it if the slot has none;
 8. waits. SIGTERM stops the sandbox (SIGTERM to its init, SIGKILL after a grace period); when
    the sandbox or slirp4netns dies, the other one is stopped too. On the way out the tails of
    the sandbox's logs are copied into ``logs/`` of the state dir (read without following links
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -64,7 +67,7 @@ from ale_iac import procs
 from ale_iac.clock import utc_now
 from ale_iac.files import write_json_atomic
 from ale_iac.substrates.authproxy import EGRESS_PORT, AuthProxy, tcp_connector
-from ale_iac.substrates.local import cgroups, checkpoint, linux
+from ale_iac.substrates.local import cgroups, checkpoint, linux, templates
 from ale_iac.substrates.local.host import MODE_ROOTLESS, host_mode, subordinate_ids
 from ale_iac.substrates.local.sandboxes import (
     DISK_FILE,
@@ -223,6 +226,11 @@ class Supervisor:
         self.userns_fd = -1
         self.sandbox: subprocess.Popen[bytes] | AdoptedChild | None = None
         self.restored = False
+        self.slot: templates.Slot | None = None
+        """The template slot an ephemeral checkpointed unit holds for its whole life (``templates.py``)."""
+        self.saved: Path | None = None
+        """Where the unit's checkpoint is, or is to be made (None: not checkpointed)."""
+        self.listener: socket.socket | None = None
         self.slirp: subprocess.Popen[bytes] | None = None
         self.slirp_exit_w: int | None = None
         self.init_pid: int | None = None
@@ -303,10 +311,15 @@ class Supervisor:
 
     # --- the root file system ------------------------------------------------------------------
 
-    def build_root(self, layer_copy: Path | None = None) -> None:
+    def build_root(self, layer_copy: Path | None = None, *, anew: bool = False) -> None:
         """In a mount namespace of our own: the writable layer (root: a loop-mounted ext4; rootless: a
         tmpfs), the image (root: id-mapped; rootless: the caller's own copy, bound read-only), the overlay.
-        With ``layer_copy`` (a checkpoint's), the layer and logs start as they were at the dump."""
+        With ``layer_copy`` (a checkpoint's), the layer and logs start as they were at the dump; with ``anew``,
+        what an earlier call built (a restore's that failed) is detached and its disk deleted first."""
+        if anew:
+            linux.umount(MOUNT_ROOT, linux.MNT_DETACH)
+            (self.folder / DISK_FILE).unlink()
+            self.layer_mounted = False
         rootfs = Path(self.spec.rootfs).resolve()
         if self.rootless:
             # Owned by our user namespace; /run/ale-iac cannot be made on the host without root, so a
@@ -566,10 +579,10 @@ class Supervisor:
     def start_endpoint(self) -> None:
         """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback; and
         the model channel on the sandbox's 127.0.0.1:<gateway port>, served by the same forwarder."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
-        listener.setblocking(False)
+        if self.listener is None:
+            self.bind_endpoint()
+        listener = self.listener
+        assert listener is not None
         proxy = AuthProxy(self.token, tcp_connector("127.0.0.1", self.spec.server_port))
 
         def prepare() -> Coroutine[Any, Any, None]:
@@ -577,35 +590,92 @@ class Supervisor:
             return proxy.serve(listener, model, loopback_listener(EGRESS_PORT))
 
         self._in_sandbox_netns("endpoint", prepare)
-        self.host_port = int(listener.getsockname()[1])
-        self.gateway_url = f"http://127.0.0.1:{self.spec.gateway_port}"
         log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
         log(f"model channel: sandbox {self.gateway_url}, carried back over the endpoint")
         log(f"egress channel: sandbox http://127.0.0.1:{EGRESS_PORT}, carried back over the endpoint")
+
+    def bind_endpoint(self) -> None:
+        """The endpoint's host socket, listening: a connection made before the forwarder serves waits in its
+        backlog (a unit from a template reports its endpoint before its restore is done)."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        self.listener = listener
+        self.host_port = int(listener.getsockname()[1])
+        self.gateway_url = f"http://127.0.0.1:{self.spec.gateway_port}"
 
     def setup(self) -> None:
         self.save()
         self.apply_limits()
         self.save()
+        self.saved = self.checkpoint_folder()
+        if self.slot is not None:
+            # Reported now: start() returns (and the engine finishes its update) while the restore runs; a
+            # connection to the endpoint waits in its backlog until the restored sandbox is served.
+            self.bind_endpoint()
+            self.save()
+            self.report({"ok": True, "state": self.state().to_json()})
         if self.rootless:
             self.userns_fd = linux.own_user_namespace(os.getuid(), os.getgid(), subordinate_ids())
             linux.enter_user_namespace(self.userns_fd)  # single-threaded still: no server thread runs yet
         else:
             self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
-        saved = self.folder / checkpoint.CHECKPOINT_DIR
-        if self.spec.checkpoint and (saved / checkpoint.META_FILE).is_file():
+        saved = self.saved
+        if saved is not None and (saved / checkpoint.META_FILE).is_file():
             self.build_root(saved / checkpoint.LAYER_COPY)
-            self.restore(saved)
+            self.restore_made(saved)
         else:
             self.build_root()
             self.boot()
-        if self.spec.checkpoint and not self.restored:
+        if saved is not None and not self.restored:
             self.make_checkpoint(saved)
             self.restore(saved)
         if self.restored:
+            if self.slot is not None:
+                self.set_hostname()
             self.start_endpoint()
         self.phase = "running"
         self.save()
+
+    def checkpoint_folder(self) -> Path | None:
+        """Where the unit's checkpoint is, or is to be made: in its own state dir (a pool unit), in the
+        template slot it leases (an ephemeral unit; with every slot taken it boots, unchecked), or nowhere."""
+        if not self.spec.checkpoint:
+            return None
+        if not self.spec.template:
+            return self.folder / checkpoint.CHECKPOINT_DIR
+        key = self.template_key()
+        self.slot = templates.lease(templates.templates_dir(self.folder.parent.parent), key)
+        if self.slot is None:
+            log(f"template {key}: all {templates.MAX_SLOTS} slots are in use; this unit boots")
+            return None
+        # A restore brings back the dump's user namespace: root inside is the slot's uid, not one of our id's.
+        self.uid_base = self.owner = self.slot.uid_base
+        self.save()
+        log(f"template {key}: slot {self.slot.folder} (host uid {self.uid_base} is root inside)")
+        if not self.slot.has_checkpoint():
+            self.slot.drop_checkpoint()  # what a unit killed while it made one left
+        return self.slot.checkpoint
+
+    def template_key(self) -> str:
+        """What a dump depends on: the spec but the unit's id and labels, the sandbox's command line (its
+        hostname aside, set after a restore), its seccomp filter, the image, the kernel and CRIU."""
+        spec = {name: value for name, value in self.spec.to_json().items() if name not in ("sandbox_id", "labels")}
+        argv = self.bwrap_argv(0, 0, 0)
+        argv[argv.index("--hostname") + 1] = ""
+        rootfs = Path(self.spec.rootfs).resolve()
+        image = rootfs.stat()
+        return templates.template_key(
+            {
+                "spec": spec,
+                "sandbox": argv,
+                "seccomp": hashlib.sha256((self.folder / SECCOMP_FILE).read_bytes()).hexdigest(),
+                "image": [str(rootfs), image.st_ino, image.st_mtime_ns],
+                "kernel": os.uname().release,
+                "criu": checkpoint.criu_command(),
+            }
+        )
 
     def boot(self) -> None:
         """Start the image's init under bubblewrap, with the endpoint ready before it runs (a checkpointed
@@ -616,7 +686,7 @@ class Supervisor:
             self.save()
             if self.spec.allow_outbound:
                 self.start_slirp()
-            if not self.spec.checkpoint:
+            if self.saved is None:
                 self.start_endpoint()
             os.write(block_w, b"1")  # bwrap goes on and executes the init
         finally:
@@ -657,7 +727,7 @@ class Supervisor:
             raise SetupError(f"criu dump failed ({done.returncode}): {_criu_error(images / 'dump.log')}")
         self.sandbox.wait(STOP_GRACE_S)  # bwrap, once the init it watched is gone
         _run(["tar", "-C", LAYER, "-cf", str(saved / checkpoint.LAYER_COPY), *LAYER_TAR_OPTIONS, "upper", "logs"])
-        meta = {"external_file": external, "made_at": utc_now("seconds")}
+        meta = {"external_file": external, "made_at": utc_now("seconds"), "rootfs": self.spec.rootfs}
         write_json_atomic(saved / checkpoint.META_FILE, meta)
         log(f"checkpoint made in {time.monotonic() - started:.2f} s")
 
@@ -699,6 +769,42 @@ class Supervisor:
         self.restored = True
         self.save()
         log(f"restored the checkpoint in {time.monotonic() - started:.2f} s: init pid {self.init_pid}")
+
+    def restore_made(self, saved: Path) -> None:
+        """Restore a checkpoint made before: a pool unit's own (its reset boots afresh if that fails), or a
+        template slot's. One of those that does not restore (CRIU or the kernel changed under it, its files
+        damaged) is dropped, and the unit boots on a new layer and makes the slot a new one: it costs a boot."""
+        if self.slot is None:
+            self.restore(saved)
+            return
+        try:
+            self.restore(saved)
+        except SetupError as exc:
+            log(f"[start] the template did not restore, so the unit boots afresh: {exc}")
+            self.slot.drop_checkpoint()
+            self.build_root(anew=True)
+            self.boot()
+
+    def set_hostname(self) -> None:
+        """A restore from a template slot brings back the hostname of the unit that was dumped: this unit's id
+        (what bubblewrap gives a booted unit) in the sandbox's own UTS namespace, from a thread of ours."""
+        assert self.init_pid is not None
+        uts = os.open(f"/proc/{self.init_pid}/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+        failure: list[BaseException] = []
+
+        def rename() -> None:
+            try:
+                linux.setns(uts, linux.CLONE_NEWUTS)  # this thread only, which ends here
+                socket.sethostname(self.spec.sandbox_id)
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=rename, name="hostname")
+        thread.start()
+        thread.join()
+        os.close(uts)
+        if failure:
+            raise SetupError(f"cannot set the restored sandbox's hostname: {failure[0]}")
 
     def _preexec_restore(self) -> None:
         """preexec_fn of criu restore: dies with us, in the sandbox's cgroups (the restored tasks inherit

@@ -6,7 +6,6 @@ What a hostile agent must not reach from inside a restored sandbox is in ``tests
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Iterator
@@ -23,8 +22,8 @@ from ale_iac.substrates.local import runtime as local_runtime
 from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.substrates.local.host import MODE_ROOTLESS
 from ale_iac.substrates.local.sandboxes import LocalSandboxSpec, LocalSandboxState, SandboxError
+from tests.support.lease_traces import LEASE_MARKS, lease_traces, leave_a_lease_behind
 from tests.support.sandbox import (
-    Endpoint,
     assert_nothing_left,
     cmd,
     listening_addresses,
@@ -32,8 +31,6 @@ from tests.support.sandbox import (
     run,
     wait_for_status,
 )
-
-LEASE_MARKS = ("/root/lease-mark", "/tmp/lease-mark", "/var/tmp/lease-mark")
 
 
 @pytest.fixture
@@ -54,29 +51,6 @@ def checkpointed(desktop_image: ImageInfo, tmp_path: Path) -> Iterator[LocalSand
         assert not (home / "sandboxes" / spec.sandbox_id).exists()
 
 
-async def _clipboard(target: LocalSandboxState, text: str | None = None) -> str:
-    async with Endpoint.of(target).client() as client:
-        if text is not None:
-            await client.set_clipboard(text)
-        return await client.get_clipboard()
-
-
-def _leave_a_lease_behind(target: LocalSandboxState) -> None:
-    """Files in the layer and in memory-backed folders, a process, the clipboard."""
-    writes = " && ".join(f"echo lease > {mark}" for mark in LEASE_MARKS)
-    assert run(target, f"{writes} && (setsid sleep 600 >/dev/null 2>&1 &) && echo ok")["stdout"] == "ok\n"
-    assert asyncio.run(_clipboard(target, "lease-clipboard")) == "lease-clipboard"
-
-
-def _lease_traces(target: LocalSandboxState) -> list[str]:
-    found = [mark for mark in LEASE_MARKS if run(target, f"test -e {mark} && echo here")["stdout"] == "here\n"]
-    if run(target, "pgrep -x sleep >/dev/null && echo here")["stdout"] == "here\n":
-        found.append("process")
-    if asyncio.run(_clipboard(target)) == "lease-clipboard":
-        found.append("clipboard")
-    return found
-
-
 @pytest.mark.criu
 def test_a_reset_restores_the_checkpoint_with_nothing_of_the_lease(checkpointed: LocalSandboxState) -> None:
     home = Path(checkpointed.state_dir).parent.parent
@@ -87,8 +61,8 @@ def test_a_reset_restores_the_checkpoint_with_nothing_of_the_lease(checkpointed:
     wait_for_status(checkpointed)
     current = checkpointed
     for _ in range(2):  # every reset restores the same checkpoint
-        _leave_a_lease_behind(current)
-        assert _lease_traces(current) == [*LEASE_MARKS, "process", "clipboard"]
+        leave_a_lease_behind(current)
+        assert lease_traces(current) == [*LEASE_MARKS, "process", "clipboard"]
         old_pids, old_token = local_sandboxes.sandbox_pids(current), local_sandboxes.auth_token(current)
         fresh = local_runtime.reset(current.sandbox_id, home=home)
         assert fresh.restored and fresh.state_dir == current.state_dir
@@ -100,7 +74,7 @@ def test_a_reset_restores_the_checkpoint_with_nothing_of_the_lease(checkpointed:
         )
         assert refused.status_code == 401
         wait_for_status(fresh)
-        assert _lease_traces(fresh) == []
+        assert lease_traces(fresh) == []
         # The desktop works as a booted one does: a command, a screenshot, its logs still written.
         assert run(fresh, "cat /proc/1/cmdline | tr '\\0' ' '")["stdout"].startswith("/usr/bin/python3 ")
         assert cmd(fresh, "screenshot", {}).get("image_data")
