@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -42,7 +45,33 @@ NO_SANDBOX_MADE = "no sandbox was made (the stack made ahead for it was removed)
 
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
     """Run an engine call in a thread. If cancelled, still wait for the thread to finish."""
-    future = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+    return await _in_thread(None, functools.partial(fn, *args))
+
+
+BACKGROUND_NICE = 10
+"""The niceness of engine calls off every unit's critical path (a stack made ahead, a stack destroyed after its
+unit's slot was given back): on 2 cores they ran as fast as the next unit's ``up`` and readiness, and slowed
+them down."""
+
+
+async def in_background(fn: Callable[..., T], *args: Any) -> T:
+    """:func:`blocking`, in a thread of its own at ``BACKGROUND_NICE``: the engine's CLI and the provider plugins
+    it starts inherit the thread's niceness, so they yield the CPU to the units being provisioned and checked.
+    A thread of its own, since a thread's niceness cannot go back down without privilege."""
+
+    def lowered() -> T:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        return fn(*args)
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background-engine-call")
+    try:
+        return await _in_thread(executor, lowered)
+    finally:
+        executor.shutdown(wait=False)  # its one thread ends with the call
+
+
+async def _in_thread(executor: ThreadPoolExecutor | None, call: Callable[[], T]) -> T:
+    future = asyncio.get_running_loop().run_in_executor(executor, call)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -116,7 +145,7 @@ class StackProvisioner:
         with the engine's error, in the unit's record)."""
         stack = self._claim_stack(plan)
         try:
-            await blocking(self.engine.init, stack)
+            await in_background(self.engine.init, stack)
             self.initialized = True
         except Exception:
             await self.discard()
@@ -158,7 +187,7 @@ class StackProvisioner:
     async def _destroy(self) -> str:
         assert self.stack is not None
         try:
-            existed = await blocking(destroy_stack, self.engine, self.stack)
+            existed = await in_background(destroy_stack, self.engine, self.stack)
         except Exception as exc:
             return f"destroy failed: {one_line(exc)} (run: ale-iac gc)"
         self.registry.release(self.stack)
