@@ -74,6 +74,17 @@ def test_gc_removes_the_slots_of_no_further_use_and_keeps_the_rest(tmp_path: Pat
     os.close(slots["leased"].lock_fd)
 
 
+def test_gc_finds_the_local_substrates_leftover_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALE_IAC_HOME", str(tmp_path / "home"))
+    slot = templates.lease(templates.templates_dir((tmp_path / "home").resolve()), "killed-maker", slots=1)
+    assert slot is not None
+    os.close(slot.lock_fd)  # its maker died before the checkpoint was complete
+    (left,) = registry.get("local").leftovers()
+    assert (left.kind, left.name) == ("folder", str(slot.folder))
+    left.remove()
+    assert not slot.folder.exists() and not slot.folder.parent.exists()
+
+
 @pytest.mark.image
 def test_a_checkpoint_route_gives_pool_units_their_own_and_the_others_a_template(desktop_image: ImageInfo) -> None:
     substrate = registry.get("local")
