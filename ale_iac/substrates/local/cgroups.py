@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,6 +303,38 @@ def nproc_fallback(record: LimitRecord | None, pids_max: int) -> LimitRecord | N
         f"RLIMIT_NPROC={pids_max} in the sandbox's user namespace (counted per user namespace; no pids cgroup: "
         f"{record.detail})",
     )
+
+
+def _members(folder: Path) -> set[int]:
+    try:
+        return {int(pid) for pid in (folder / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def kill_members(paths: list[Path]) -> list[int]:
+    """SIGKILL every process in the sandbox's cgroups; the pids killed.
+
+    All of them are the sandbox's: the supervisor puts only the sandbox's processes there (and stays outside),
+    and every process they start inherits them. This reaches one that no other way finds, such as a task CRIU
+    had not finished restoring when its unit was stopped. A pid is signalled through a pidfd opened while it is
+    still a member, so a pid reused by another process meanwhile is never hit."""
+    killed = []
+    for folder in paths:
+        for pid in sorted(_members(folder)):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                if pid in _members(folder):  # the process the pidfd holds is still the member
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.append(pid)
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(fd)
+    return killed
 
 
 def memory_oom_kills(paths: list[Path]) -> int:

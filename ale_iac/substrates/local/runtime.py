@@ -366,6 +366,7 @@ def stop(
     # No cgroups in the state: the supervisor may have died between making them and recording
     # them, so look for them by name.
     paths = [Path(p) for p in state.cgroups] or cgroups.find(sandbox_id, str(folder))
+    cgroups.kill_members(paths)  # what nothing above found (a restore stopped midway)
     try:
         cgroups.remove(paths, sandbox_id)
     except cgroups.CgroupError as exc:

@@ -241,6 +241,10 @@ class Supervisor:
         self.exit_code: int | None = None
         self.layer_mounted = False
         self.gateway_url = ""
+        self.stop_requested = False
+        """SIGTERM (or SIGINT) came: the supervisor stops at its next safe point (``on_sigterm``)."""
+        self.interruptible = False
+        """Whether the main thread is where a stop may be raised at once (it holds no lock there)."""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -622,6 +626,7 @@ class Supervisor:
         else:
             self.userns_fd = linux.user_namespace(self.uid_base, UID_COUNT)
         saved = self.saved
+        self.check_stop()
         if saved is not None and (saved / checkpoint.META_FILE).is_file():
             self.build_root(saved / checkpoint.LAYER_COPY)
             self.restore_made(saved)
@@ -705,6 +710,7 @@ class Supervisor:
                 for table in ("tcp", "tcp6"):
                     if listening in Path(f"/proc/{self.init_pid}/net/{table}").read_text():
                         return
+            self.check_stop()
             if self.sandbox.poll() is not None:
                 raise SetupError(f"the sandbox exited before its computer-server listened (see {SANDBOX_LOG_DIR})")
             if time.monotonic() > deadline:
@@ -817,7 +823,18 @@ class Supervisor:
     # --- run and stop --------------------------------------------------------------------------
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
-        raise StopRequestedError
+        """Record the stop; raise it only where the main thread may be interrupted (``wait``, and the setup's
+        safe points: ``check_stop``). Raised at any bytecode, it once landed in ``logging._releaseLock`` (the
+        endpoint's thread had started asyncio), where it was ignored with the logging lock still held: the stop
+        was lost, the endpoint's thread hung on the lock, and ``stop()`` had to kill the supervisor 10 s later."""
+        self.stop_requested = True
+        if self.interruptible:
+            raise StopRequestedError
+
+    def check_stop(self) -> None:
+        """A safe point: a stop asked for meanwhile ends the setup here."""
+        if self.stop_requested:
+            raise StopRequestedError
 
     def stop_children(self) -> None:
         """SIGTERM to the sandbox's init (it forwards to the server), SIGKILL after a grace period."""
@@ -860,6 +877,8 @@ class Supervisor:
     def wait(self) -> None:
         """Until SIGTERM, or until the sandbox or slirp4netns exits."""
         assert self.sandbox is not None
+        self.interruptible = True
+        self.check_stop()
         while True:
             pid, status = os.waitpid(-1, 0)
             if pid == self.sandbox.pid:
@@ -888,6 +907,7 @@ class Supervisor:
                 self.report({"ok": False, "error": str(exc)})
                 self.phase = "exited"
                 return 1
+            self.check_stop()
             self.report({"ok": True, "state": self.state().to_json()})
             self.wait()
         except StopRequestedError:

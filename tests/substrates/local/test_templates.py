@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ale_iac import profile
+from ale_iac import procs, profile
 from ale_iac.contract import POOL_LABEL, UnitSpec
 from ale_iac.images import ImageInfo
 from ale_iac.substrates import registry
@@ -214,6 +215,47 @@ def test_a_template_that_does_not_restore_costs_one_boot(desktop_image: ImageInf
     local_runtime.stop(fresh.sandbox_id, home=home)
     assert _start(desktop_image, home).restored  # the new checkpoint restores
     assert "did not restore" not in _supervisor_log(local_sandboxes.list_sandboxes(home=home)[0])
+
+
+def _processes_in_range(uid_base: int) -> list[str]:
+    """Host processes that run as a uid of the sandbox range starting at ``uid_base`` (a unit's, whatever their
+    command line says). Not zombies: a unit killed with its supervisor leaves its init to the host's init to
+    reap (here, a second or two later), which runs nothing."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        uid = int(fields["Uid"].split()[0])
+        if uid_base <= uid < uid_base + local_sandboxes.UID_COUNT and not fields["State"].strip().startswith("Z"):
+            found.append(f"{entry} {fields['Name'].strip()} {fields['State'].strip()}")
+    return found
+
+
+@pytest.mark.criu
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+def test_a_unit_stopped_while_it_restores_leaves_nothing(desktop_image: ImageInfo, home: Path, how: str) -> None:
+    """``start`` returns before the restore: a destroy right after it (a run interrupted at once), or a supervisor
+    killed then, meets CRIU midway. A stopped supervisor ends by itself, in order (a SIGTERM raised anywhere once
+    left the logging lock held in the middle of the setup: the stop was lost and the supervisor hung until
+    ``stop`` killed it). Nothing of the unit may stay: no process in the slot's uid range either."""
+    made = _start(desktop_image, home)  # the slot's dump
+    local_runtime.stop(made.sandbox_id, home=home)
+    for _ in range(5):
+        started = local_runtime.start(_spec(desktop_image, "tpl"), home=home)
+        assert started.init_pid is None  # still restoring
+        sig = signal.SIGKILL if how == "killed" else signal.SIGTERM
+        os.kill(started.supervisor_pid, sig)
+        if how == "stopped":  # what stop() sends first; it would kill a supervisor that did not end
+            assert procs.wait_gone(started.supervisor_pid, started.supervisor_start_time, 60.0)
+            assert "stop requested" in _supervisor_log(started)
+        local_runtime.stop(started.sandbox_id, home=home)
+        assert_nothing_left(started, [])
+        assert not _processes_in_range(made.uid_base)
+    assert _start(desktop_image, home).restored  # the slot is free and its dump intact
 
 
 @pytest.mark.sandbox
