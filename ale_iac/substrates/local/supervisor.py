@@ -678,7 +678,7 @@ class Supervisor:
                 "seccomp": hashlib.sha256((self.folder / SECCOMP_FILE).read_bytes()).hexdigest(),
                 "image": [str(rootfs), image.st_ino, image.st_mtime_ns],
                 "kernel": os.uname().release,
-                "criu": checkpoint.criu_command(),
+                "criu": [os.path.realpath(part) for part in checkpoint.criu_command()],  # current/ -> its version
             }
         )
 
