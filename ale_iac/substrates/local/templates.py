@@ -12,10 +12,11 @@ folder ``<home>/templates/<key>/<n>/`` holding
   made by the first unit that leases the slot (it boots, is dumped, and is restored at once) and restored by
   every later one.
 
-A slot has a uid range of its own (``slot_uid_base``), not its unit's: a restore brings back the user namespace
-the dump was made in, id mapping and all. Units on different slots, like any two units, have different ranges
-(up to ``uid_base_of``'s collisions); units on one slot follow one another, and nothing of the one before is
-left when the next starts (its processes, disk and endpoint are gone with it).
+A slot has a uid range of its own (``slot_uid_base``, chosen by the slot's path), not its unit's: a restore
+brings back the user namespace the dump was made in, id mapping and all. Units on different slots, of one home or
+of two, like any two units, have different ranges (up to ``uid_base_of``'s collisions); units on one slot follow
+one another, and nothing of the one before is left when the next starts (its processes, disk and endpoint are
+gone with it).
 
 The supervisor imports this module: standard library and small modules of ours only.
 """
@@ -77,9 +78,11 @@ def template_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(encoded).hexdigest()[:KEY_LENGTH]
 
 
-def slot_uid_base(key: str, number: int) -> int:
-    """The host uid of root in every unit restored from this slot (one of the sandboxes' ranges)."""
-    return uid_base_of(f"template-{key}-{number}")
+def slot_uid_base(folder: Path) -> int:
+    """The host uid of root in every unit restored from the slot in ``folder`` (one of the sandboxes' ranges,
+    chosen by the slot's path: the same template in two ale-iac homes, whose units may live at the same time, has
+    slots of different ranges)."""
+    return uid_base_of(f"template:{folder}")
 
 
 def lease(root: Path, key: str, slots: int = MAX_SLOTS) -> Slot | None:
@@ -96,7 +99,7 @@ def lease(root: Path, key: str, slots: int = MAX_SLOTS) -> Slot | None:
             os.close(fd)
             continue
         os.utime(fd)  # the last lease: gc keeps a slot in use
-        return Slot(folder, slot_uid_base(key, number), fd)
+        return Slot(folder, slot_uid_base(folder), fd)
     return None
 
 

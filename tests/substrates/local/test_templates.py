@@ -40,8 +40,8 @@ def test_a_slot_is_leased_by_one_holder_at_a_time(tmp_path: Path) -> None:
     second = templates.lease(tmp_path, "k", slots=2)
     assert first is not None and second is not None
     assert (first.folder.name, second.folder.name) == ("0", "1")
-    assert first.uid_base != second.uid_base  # a slot's range is its own
-    assert first.uid_base == templates.slot_uid_base("k", 0) >= local_sandboxes.UID_RANGE_START
+    for slot in (first, second):  # a slot's range is its own, chosen by its path
+        assert slot.uid_base == templates.slot_uid_base(slot.folder) >= local_sandboxes.UID_RANGE_START
     assert templates.lease(tmp_path, "k", slots=2) is None  # every slot taken
     os.close(first.lock_fd)  # what the kernel does when the holding supervisor dies, however it dies
     again = templates.lease(tmp_path, "k", slots=2)
@@ -151,7 +151,7 @@ def test_units_one_after_another_restore_the_template_with_nothing_of_the_one_be
     assert first.restored  # it booted, made the slot's checkpoint, and runs a restore of it
     slot = _template_of(home) / "0"
     assert (slot / checkpoint.CHECKPOINT_DIR / checkpoint.META_FILE).is_file()
-    assert first.uid_base == templates.slot_uid_base(_template_of(home).name, 0)
+    assert first.uid_base == templates.slot_uid_base(slot)
     assert run(first, "hostname")["stdout"] == f"{first.sandbox_id}\n"
     leave_a_lease_behind(first)
     assert lease_traces(first) == [*LEASE_MARKS, "process", "clipboard"]
@@ -180,7 +180,7 @@ def test_units_alive_at_once_hold_slots_of_their_own_and_boot_when_none_is_free(
     second = _start(desktop_image, home)
     template = _template_of(home)
     assert first.restored and second.restored
-    assert (first.uid_base, second.uid_base) == tuple(templates.slot_uid_base(template.name, n) for n in (0, 1))
+    assert (first.uid_base, second.uid_base) == tuple(templates.slot_uid_base(template / str(n)) for n in (0, 1))
     for state in (first, second):
         assert run(state, "hostname")["stdout"] == f"{state.sandbox_id}\n"
     # Every slot taken (the test holds the rest): the next unit boots, with its own id's range and its endpoint.
@@ -217,9 +217,10 @@ def test_a_template_that_does_not_restore_costs_one_boot(desktop_image: ImageInf
     assert "did not restore" not in _supervisor_log(local_sandboxes.list_sandboxes(home=home)[0])
 
 
-def _processes_in_range(uid_base: int) -> list[str]:
-    """Host processes that run as a uid of the sandbox range starting at ``uid_base`` (a unit's, whatever their
-    command line says). Not zombies: a unit killed with its supervisor leaves its init to the host's init to
+def _left_in_range(state: LocalSandboxState) -> list[str]:
+    """Live host processes that run as a uid of ``state``'s range and are not another unit's (every process of
+    a unit is in that unit's cgroups, named after it): a task of ``state``'s whatever its command line says, also
+    one no cgroup holds. Not zombies: a unit killed with its supervisor leaves its init to the host's init to
     reap (here, a second or two later), which runs nothing."""
     found = []
     for entry in os.listdir("/proc"):
@@ -227,10 +228,14 @@ def _processes_in_range(uid_base: int) -> list[str]:
             continue
         try:
             fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines())
+            cgroups = Path(f"/proc/{entry}/cgroup").read_text()
         except (OSError, ValueError):
             continue
         uid = int(fields["Uid"].split()[0])
-        if uid_base <= uid < uid_base + local_sandboxes.UID_COUNT and not fields["State"].strip().startswith("Z"):
+        if not state.uid_base <= uid < state.uid_base + local_sandboxes.UID_COUNT:
+            continue
+        anothers = "/ale-iac-" in cgroups and f"/ale-iac-{state.sandbox_id}-" not in cgroups
+        if not anothers and not fields["State"].strip().startswith("Z"):
             found.append(f"{entry} {fields['Name'].strip()} {fields['State'].strip()}")
     return found
 
@@ -254,7 +259,7 @@ def test_a_unit_stopped_while_it_restores_leaves_nothing(desktop_image: ImageInf
             assert "stop requested" in _supervisor_log(started)
         local_runtime.stop(started.sandbox_id, home=home)
         assert_nothing_left(started, [])
-        assert not _processes_in_range(made.uid_base)
+        assert not _left_in_range(started)
     assert _start(desktop_image, home).restored  # the slot is free and its dump intact
 
 
