@@ -283,10 +283,13 @@ cgroup_dirs() { # the cgroup root's folder in each mounted hierarchy (v1: one pe
 need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (network devices, containerd, the kubelet)"; }
 
 pidfile() { echo "$STATE/run/$1.pid"; }
+recorded_pid() { # recorded_pid NAME: the PID launch recorded for it (fails when there is none)
+    local pid
+    pid="$(cat "$(pidfile "$1")" 2>/dev/null)" && [ -n "$pid" ] && echo "$pid"
+}
 alive() { # alive NAME: its recorded process runs
     local pid
-    pid="$(cat "$(pidfile "$1")" 2>/dev/null)" || return 1
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+    pid="$(recorded_pid "$1")" && kill -0 "$pid" 2>/dev/null
 }
 
 # launch NAME CMD...: start CMD in a session of its own, its output in $STATE/log/NAME.log, its PID recorded.
@@ -579,7 +582,7 @@ any_alive() { # any_alive NAME...: whether one of their recorded processes still
 stop_all() {
     local name pid i
     for name in "$@"; do
-        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" && [ -n "$pid" ] || continue
+        pid="$(recorded_pid "$name")" || continue
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     done
     for i in $(seq 100); do
@@ -587,7 +590,7 @@ stop_all() {
         sleep 0.1
     done
     for name in "$@"; do
-        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" && [ -n "$pid" ] && { kill -KILL -- "-$pid" 2>/dev/null || true; }
+        pid="$(recorded_pid "$name")" && { kill -KILL -- "-$pid" 2>/dev/null || true; }
         rm -f "$(pidfile "$name")"
     done
 }

@@ -549,26 +549,30 @@ class Supervisor:
         if not data:
             raise SetupError("slirp4netns did not become ready (see slirp4netns.log)")
 
-    def _in_sandbox_netns(self, name: str, prepare: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``prepare()``'s coroutine for the sandbox's life in a thread of ours that has joined the
-        sandbox's network namespace (sockets it makes are inside). Returns once the thread has joined;
-        raises SetupError if it could not. If the coroutine fails, the sandbox is stopped: both
-        servers are part of what the sandbox is."""
+    def _in_sandbox_namespace(
+        self, kind: str, nstype: int, name: str, prepare: Callable[[], Coroutine[Any, Any, None] | None]
+    ) -> None:
+        """Run ``prepare()`` in a thread of ours that has joined the sandbox's ``kind`` namespace (``net``: sockets
+        it makes are inside; ``uts``: the hostname it sets is the sandbox's), then the coroutine it returns, if
+        any, for the sandbox's life. Returns once ``prepare`` has run; raises SetupError if it failed. If the
+        coroutine fails, the sandbox is stopped: both servers are part of what the sandbox is."""
         assert self.init_pid is not None
-        netns = os.open(f"/proc/{self.init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        namespace = os.open(f"/proc/{self.init_pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
         joined = threading.Event()
         failure: list[BaseException] = []
 
         def serve() -> None:
             try:
-                linux.setns(netns, linux.CLONE_NEWNET)  # this thread only
+                linux.setns(namespace, nstype)  # this thread only
                 coroutine = prepare()
             except BaseException as exc:
                 failure.append(exc)
                 return
             finally:
-                os.close(netns)
+                os.close(namespace)
                 joined.set()
+            if coroutine is None:
+                return
             try:
                 asyncio.run(coroutine)
             except BaseException:
@@ -578,7 +582,7 @@ class Supervisor:
         threading.Thread(target=serve, name=name, daemon=True).start()
         joined.wait()
         if failure:
-            raise SetupError(f"{name}: cannot serve in the sandbox's network namespace: {failure[0]}")
+            raise SetupError(f"{name}: cannot run in the sandbox's {kind} namespace: {failure[0]}")
 
     def start_endpoint(self) -> None:
         """127.0.0.1:<port> on the host, forwarded (with authentication) into the sandbox's loopback; and
@@ -593,7 +597,7 @@ class Supervisor:
             model = loopback_listener(self.spec.gateway_port)  # made inside: this thread has joined
             return proxy.serve(listener, model, loopback_listener(EGRESS_PORT))
 
-        self._in_sandbox_netns("endpoint", prepare)
+        self._in_sandbox_namespace("net", linux.CLONE_NEWNET, "endpoint", prepare)
         log(f"endpoint 127.0.0.1:{self.host_port} -> sandbox 127.0.0.1:{self.spec.server_port} (token required)")
         log(f"model channel: sandbox {self.gateway_url}, carried back over the endpoint")
         log(f"egress channel: sandbox http://127.0.0.1:{EGRESS_PORT}, carried back over the endpoint")
@@ -793,24 +797,12 @@ class Supervisor:
 
     def set_hostname(self) -> None:
         """A restore from a template slot brings back the hostname of the unit that was dumped: this unit's id
-        (what bubblewrap gives a booted unit) in the sandbox's own UTS namespace, from a thread of ours."""
-        assert self.init_pid is not None
-        uts = os.open(f"/proc/{self.init_pid}/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
-        failure: list[BaseException] = []
+        (what bubblewrap gives a booted unit), set in the sandbox's own UTS namespace."""
 
         def rename() -> None:
-            try:
-                linux.setns(uts, linux.CLONE_NEWUTS)  # this thread only, which ends here
-                socket.sethostname(self.spec.sandbox_id)
-            except BaseException as exc:
-                failure.append(exc)
+            socket.sethostname(self.spec.sandbox_id)
 
-        thread = threading.Thread(target=rename, name="hostname")
-        thread.start()
-        thread.join()
-        os.close(uts)
-        if failure:
-            raise SetupError(f"cannot set the restored sandbox's hostname: {failure[0]}")
+        self._in_sandbox_namespace("uts", linux.CLONE_NEWUTS, "hostname", rename)
 
     def _preexec_restore(self) -> None:
         """preexec_fn of criu restore: dies with us, in the sandbox's cgroups (the restored tasks inherit

@@ -85,6 +85,17 @@ def slot_uid_base(folder: Path) -> int:
     return uid_base_of(f"template:{folder}")
 
 
+def _try_lock(folder: Path) -> int | None:
+    """The slot's lock, taken without waiting (its descriptor), or None while a unit holds it."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def lease(root: Path, key: str, slots: int = MAX_SLOTS) -> Slot | None:
     """The first free slot of template ``key`` under ``root``, locked for the caller; None when all are taken."""
     template = root / key
@@ -92,28 +103,18 @@ def lease(root: Path, key: str, slots: int = MAX_SLOTS) -> Slot | None:
     for number in range(slots):
         folder = template / str(number)
         folder.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        os.utime(fd)  # the last lease: gc keeps a slot in use
-        return Slot(folder, slot_uid_base(folder), fd)
+        fd = _try_lock(folder)
+        if fd is not None:
+            os.utime(fd)  # the last lease: gc keeps a slot in use
+            return Slot(folder, slot_uid_base(folder), fd)
     return None
 
 
 def _leased(folder: Path) -> bool:
-    try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    fd = _try_lock(folder)
+    if fd is None:
         return True
-    finally:
-        os.close(fd)  # also frees the lock this probe may have taken
+    os.close(fd)  # the probe's own lock goes with it
     return False
 
 
@@ -143,19 +144,17 @@ def leftovers(root: Path, now: float | None = None) -> list[Path]:
         if not template.is_dir() or template.is_symlink():
             continue
         for folder in sorted(template.iterdir()):
-            if folder.is_dir() and not folder.is_symlink() and not _leased(folder) and not _usable(folder, now):
+            if folder.is_dir() and not folder.is_symlink() and not _usable(folder, now) and not _leased(folder):
                 found.append(folder)
     return found
 
 
 def remove(folder: Path) -> None:
     """Remove a slot, unless a unit has leased it meanwhile; then its template folder, once it is empty."""
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = _try_lock(folder)
+    if fd is None:
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
         shutil.rmtree(folder)
     finally:
         os.close(fd)
