@@ -8,6 +8,7 @@ parallel. Its name records who made it (``sbx-`` for ``ale-iac sandbox create``,
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -105,16 +106,88 @@ def up_units(
     try:
         program = inline_program(profile, units, stack, on_units=resolved.append)
         engine.up_new(stack, program, on_output=on_output, initialized=initialized)
-        if not resolved:
-            raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
-        exported = parse_units(resolved[-1])
-        missing = [unit.name for unit in units if unit.name not in exported]
-        if missing:
-            raise AleIacError(f"stack '{stack}' did not export unit '{missing[0]}'")
-        return {unit.name: exported[unit.name] for unit in units}
+        return _exported(stack, units, resolved)
     except BaseException:
         destroy_stack(engine, stack)
         raise
+
+
+def _exported(stack: str, units: list[UnitSpec], resolved: list[dict[str, Any]]) -> dict[str, UnitOutputs]:
+    """What the stack's program handed over of each unit (``inline_program``'s ``on_units``), by unit name."""
+    if not resolved:
+        raise AleIacError(f"stack '{stack}' exports no '{UNITS_OUTPUT}' output")
+    exported = parse_units(resolved[-1])
+    missing = [unit.name for unit in units if unit.name not in exported]
+    if missing:
+        raise AleIacError(f"stack '{stack}' did not export unit '{missing[0]}'")
+    return {unit.name: exported[unit.name] for unit in units}
+
+
+class UpAhead:
+    """A unit's ``pulumi up`` started before the unit's turn, held in its program until :meth:`go`.
+
+    Everything of an ``up`` that does not depend on the moment runs while the unit waits: the CLI's start,
+    the stack's key derivation (PBKDF2, about 0.2 s of CPU), reading its state, the language runtime's
+    handshake. That was 0.5 of the 0.7 s a local unit's ``up`` took on its critical path (``-v=7`` log of the
+    CLI, ``docs/benchmarks.md``). The program then waits at its first line (``inline_program``'s ``gate``)
+    before it declares anything, so nothing exists yet: :meth:`drop` lets it declare nothing, and a
+    stack left by a crash meanwhile is an empty one the run had claimed (``ale-iac gc`` removes it).
+
+    The stack must exist (``Engine.init``). The ``up`` runs in a thread of its own, started here.
+    """
+
+    def __init__(self, engine: Engine, profile: Profile, stack: str, unit: UnitSpec) -> None:
+        self.engine, self.stack, self.unit = engine, stack, unit
+        self._decided = threading.Condition()
+        self._declare: bool | None = None
+        self._resolved: list[dict[str, Any]] = []
+        self._error: BaseException | None = None
+        program = inline_program(profile, [unit], stack, on_units=self._resolved.append, gate=self._wait)
+        self._thread = threading.Thread(target=self._up, args=(program,), name=f"up-ahead-{stack}", daemon=True)
+        self._thread.start()
+
+    def _up(self, program: Callable[[], None]) -> None:
+        try:
+            self.engine.up_new(self.stack, program, initialized=True)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            # An update that ended before the unit's turn (its CLI failed or was killed) leaves no program
+            # waiting for a decision that will never come.
+            self._decide(False)
+
+    def _wait(self) -> bool:
+        with self._decided:
+            self._decided.wait_for(lambda: self._declare is not None)
+            return bool(self._declare)
+
+    def _decide(self, declare: bool) -> None:
+        with self._decided:
+            if self._declare is None:
+                self._declare = declare
+                self._decided.notify_all()
+
+    def go(self) -> SandboxHandle:
+        """Let the program declare the unit; the handle once the ``up`` is done. As :func:`up_unit`: if the
+        ``up`` failed (now or while it waited) the stack is destroyed before the error propagates."""
+        self._decide(True)
+        self._thread.join()
+        try:
+            if self._error is not None:
+                raise self._error
+            if not self._declare:
+                raise AleIacError(f"stack '{self.stack}': its update ended before the unit was declared")
+            outputs = _exported(self.stack, [self.unit], self._resolved)[self.unit.name]
+        except BaseException:
+            destroy_stack(self.engine, self.stack)
+            raise
+        return SandboxHandle.from_outputs(self.stack, outputs)
+
+    def drop(self) -> None:
+        """Let the program declare nothing and wait for the ``up`` to end; the (empty) stack stays, for the
+        caller to remove. Whatever failed meanwhile is not raised: nothing was made."""
+        self._decide(False)
+        self._thread.join()
 
 
 def destroy_stack(engine: Engine, stack: str) -> bool:

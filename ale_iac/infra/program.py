@@ -15,16 +15,22 @@ def inline_program(
     units: Sequence[UnitSpec],
     stack: str,
     on_units: Callable[[dict[str, Any]], None] | None = None,
+    gate: Callable[[], bool] | None = None,
 ) -> Callable[[], None]:
     """A closure for the Automation API: declares ``units`` under ``profile``.
 
     ``on_units`` receives the ``units`` output's plain values (secrets revealed) once the update has
     resolved them, in this process: what a ``stack output --show-secrets`` after the update would read.
     The inline program runs in the caller's process, and ``up`` returns only after every apply ran.
+
+    ``gate``, when given, is called before anything is declared and may block: the update waits in the
+    program until it returns (``ale_iac.provision.UpAhead``); False declares nothing.
     """
     frozen = tuple(units)
 
     def program() -> None:
+        if gate is not None and not gate():
+            return
         handles = declare(profile, frozen, stack)
         if on_units is not None:
             import pulumi

@@ -25,7 +25,7 @@ from ale_iac.contract import UnitOutputs, UnitSpec
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError, one_line
 from ale_iac.profile import CleanupMode, Profile, StaticRoute
-from ale_iac.provision import UNIT_NAME, destroy_stack, new_stack_name, up_unit
+from ale_iac.provision import UNIT_NAME, UpAhead, destroy_stack, new_stack_name, up_unit
 from ale_iac.runner import leases
 from ale_iac.runner.experiment import UnitPlan
 from ale_iac.runner.records import UnitRecord
@@ -60,7 +60,10 @@ async def in_background(fn: Callable[..., T], *args: Any) -> T:
     A thread of its own, since a thread's niceness cannot go back down without privilege."""
 
     def lowered() -> T:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        if os.environ.get("ALE_IDLE"):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         return fn(*args)
 
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background-engine-call")
@@ -127,6 +130,8 @@ class StackProvisioner:
     stack: str | None = None
     initialized: bool = False
     """Whether :meth:`prepare` made the (empty) stack already."""
+    up_ahead: UpAhead | None = None
+    """The unit's ``up``, started by :meth:`prepare` and held until :meth:`acquire` (or :meth:`discard`)."""
     acquired: bool = False
     """Whether the unit asked for its sandbox (from then on its stack is its own, to destroy or retain)."""
 
@@ -140,35 +145,49 @@ class StackProvisioner:
         return self.stack
 
     async def prepare(self, plan: UnitPlan) -> None:
-        """``stack init`` of the unit's stack while it waits for a slot (0.4 s of the CLI, off its critical
-        path). If that fails the stack is forgotten and :meth:`acquire` makes it as usual (and fails there
-        with the engine's error, in the unit's record)."""
+        """While the unit waits for a slot (off its critical path): ``stack init`` of its stack (0.4 s of the
+        CLI), then its ``up`` started and held before it declares anything (:class:`UpAhead`: the CLI's start
+        and key derivation, 0.5 s). If that fails the stack is forgotten and :meth:`acquire` makes it as usual
+        (and fails there with the engine's error, in the unit's record)."""
         stack = self._claim_stack(plan)
         try:
+            unit = self._unit(plan)
             await in_background(self.engine.init, stack)
             self.initialized = True
         except Exception:
             await self.discard()
+            return
+        # Not niced: once the unit's turn comes, this CLI is on its critical path.
+        self.up_ahead = UpAhead(self.engine, self.profile, stack, unit)
 
     async def discard(self) -> None:
         if self.stack is None:
             return
+        up_ahead, self.up_ahead = self.up_ahead, None
         with contextlib.suppress(Exception):  # what is left stays claimed, so gc and a second ^C see it
+            if up_ahead is not None:
+                await blocking(up_ahead.drop)
             await blocking(destroy_stack, self.engine, self.stack)
             self.registry.release(self.stack)
         self.stack, self.initialized = None, False
 
-    async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
+    def _unit(self, plan: UnitPlan) -> UnitSpec:
         snapshot, _ = self.profile.route(plan.task.card.snapshot)
-        self.acquired = True
-        stack = self.stack if self.initialized and self.stack is not None else self._claim_stack(plan)
-        record.write_run(stack=stack)
-        unit = UnitSpec(
+        return UnitSpec(
             name=UNIT_NAME,
             snapshot=snapshot,
             shape=plan.task.card.resources,
             labels={"run": self.run_id, "unit": plan.unit_id[-60:]},
         )
+
+    async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
+        unit = self._unit(plan)
+        self.acquired = True
+        stack = self.stack if self.initialized and self.stack is not None else self._claim_stack(plan)
+        record.write_run(stack=stack)
+        up_ahead, self.up_ahead = self.up_ahead, None
+        if up_ahead is not None:
+            return await blocking(up_ahead.go)
         return await blocking(up_unit, self.engine, self.profile, stack, unit, None, self.initialized)
 
     async def release(self, status: UnitStatus, score: float | None = None) -> str:

@@ -282,27 +282,31 @@ def test_sigint_during_four_units_leaves_nothing(lab: Path) -> None:
 
 
 def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: Path) -> None:
-    """At -j 1 the next unit's stack is made (``stack init``) while the current unit runs; an interrupt
-    then destroys it with the running unit's, and the unit after it never got one."""
+    """At -j 1 the next unit's stack is made (``stack init``) while the current unit runs, and its ``up`` started
+    and held before it declares anything (``provision.UpAhead``); an interrupt then lets that ``up`` end with
+    nothing declared and destroys the stack with the running unit's, and the unit after it never got one."""
     proc = _start_run(lab, ["sleepy"], ["answer"], repeats=3, concurrency=1, unit_timeout_s=600)
     _wait_for_agents(lab, 1, proc)
     engine = Engine()
     deadline = time.monotonic() + 120
-    while len(engine.list_stacks()) < 2:
-        assert time.monotonic() < deadline, "the next unit's stack was never made ahead"
+    # Two stacks: the running unit's, and the next unit's, locked by its held ``up``.
+    while len(stacks := engine.list_stacks()) < 2 or not any(engine.is_locked(stack.name) for stack in stacks):
+        assert time.monotonic() < deadline, "the next unit's stack was never made ahead, with its up held"
         time.sleep(0.2)
-    assert len(engine.list_stacks()) == 2
+    assert len(engine.list_stacks()) == 2 and len(local_sandboxes.list_sandboxes()) == 1
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, out
     statuses = [json.loads(p.read_text())["status"] for p in lab.glob("runs/*/*/run.json")]
     assert statuses == ["interrupted"]  # the waiting units never started
     assert "not started (the run was interrupted first): 2" in out
-    logs = sorted((engine.home / "logs" / "stacks").glob("run-*.log"))
-    operations = sorted(
-        tuple(line.split()[2] for line in log.read_text().splitlines() if line.startswith("====")) for log in logs
-    )
-    assert operations == [("destroy",), ("up", "destroy")]
+    logs = {log: log.read_text() for log in (engine.home / "logs" / "stacks").glob("run-*.log")}
+    operations = [
+        tuple(line.split()[2] for line in text.splitlines() if line.startswith("====")) for text in logs.values()
+    ]
+    assert operations == [("up", "destroy")] * 2
+    # The running unit's stack had a sandbox; the one made ahead, none.
+    assert sorted(text.count("LocalSandbox") > 0 for text in logs.values()) == [False, True], logs
     _assert_nothing_left(engine)
 
 
@@ -353,3 +357,32 @@ def test_a_sigkilled_run_is_fully_recovered_by_gc(lab: Path, private_tmp: Path) 
     assert report.warm_bridges_removed == dry.warm_bridges_removed and sweep_stale_bridges(dry_run=True) == []
     assert sweep_private_dirs(dry_run=True) == []  # the bridges' token files of the killed run
     _assert_nothing_left(engine)
+
+
+def test_a_held_up_ends_with_its_sigkilled_runner_and_gc_recovers_the_run(lab: Path, private_tmp: Path) -> None:
+    """The runner alone SIGKILLed (as the OOM killer does) while the next unit's ``up`` is held: that ``up``'s CLI
+    loses its program and ends by itself (its lock left behind, as any CLI's that dies), and gc removes both
+    stacks."""
+    proc = _start_run(lab, ["sleepy"], ["answer"], repeats=2, concurrency=1, unit_timeout_s=600)
+    _wait_for_agents(lab, 1, proc)
+    engine = Engine()
+    deadline = time.monotonic() + 120
+    while len(stacks := engine.list_stacks()) < 2 or not any(engine.is_locked(stack.name) for stack in stacks):
+        assert time.monotonic() < deadline, "the next unit's stack was never made ahead, with its up held"
+        time.sleep(0.2)
+    [held] = [stack.name for stack in stacks if engine.is_locked(stack.name)]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while _clis_of(held):
+        assert time.monotonic() < deadline, f"the held up of {held} outlived its runner"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # what else of the run is left (its agent's processes, its bridges)
+    report = collect(engine)
+    assert sorted(report.destroyed) == sorted(stack.name for stack in stacks) and report.errors == []
+    _assert_nothing_left(engine)
+
+
+def _clis_of(stack: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"pulumi .*--stack {stack}"], capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
