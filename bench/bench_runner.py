@@ -194,7 +194,7 @@ def engine_time_lines() -> list[str]:
         split = ", ".join(f"{op} {seconds:.2f}" for op, seconds in calls)
         return [f"engine time of the run's shared stack: {total_s:.2f} s in {len(calls)} CLI calls ({split})"]
     total = [sum(seconds for _, seconds in calls) - HELD.get(stack, 0.0) for stack, calls in units.items()]
-    ups = [sum(seconds for op, seconds in calls if op == "up") - HELD.get(stack, 0.0) for stack, calls in units.items()]
+    ups = [TURN.get(stack, sum(seconds for op, seconds in calls if op == "up")) for stack, calls in units.items()]
     held = sum(1 for stack in units if stack in HELD)
     counts = statistics.median(len(calls) for calls in units.values())
     by_operation: dict[str, list[float]] = {}
