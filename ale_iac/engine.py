@@ -6,9 +6,14 @@ What it adds to ``pulumi.automation``:
   ``automation-*`` temp dirs and never removes them); dirs left by a killed process are swept. It is also
   the CLI's and its plugins' ``TMPDIR`` (the Kubernetes provider copies the kubeconfig to a temp file on
   every call and never removes it), and the CLI's record of the stack it selected there
-  (``~/.pulumi/workspaces/ale-iac-<sha1>-workspace.json``, one per project folder, never removed by the
+  (``<Pulumi home>/workspaces/ale-iac-<sha1>-workspace.json``, one per project folder, never removed by the
   CLI) goes with it;
 * the local ``file://`` backend under ``<home>/state`` by default, any backend via ``PULUMI_BACKEND_URL``;
+* a Pulumi home of its own, ``<home>/pulumi`` (unless ``PULUMI_HOME`` is set): every CLI call writes a log
+  file to ``<Pulumi home>/logs`` and, before that, stats every file there to rotate them (7 days or 500 MB by
+  default: 35,000 files after a day of runs, 0.2 s of each call). Ours is rotated at
+  ``PULUMI_LOG_ROTATION_MAX_TOTAL_MB`` = :data:`LOG_ROTATION_MAX_TOTAL_MB`, and shares the user's
+  ``plugins`` and ``credentials.json`` through links (:func:`ensure_pulumi_home`);
 * the secrets passphrase from ``PULUMI_CONFIG_PASSPHRASE(_FILE)`` or a generated 0600 file;
 * ``PULUMI_PYTHON_CMD`` set to this interpreter, so dynamic providers can import ``ale_iac``;
 * engine output streamed to ``<home>/logs/stacks/<stack>.log``;
@@ -58,6 +63,13 @@ Program = Callable[[], None]
 OutputSink = Callable[[str], None]
 
 _STACK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+LOG_ROTATION_MAX_TOTAL_MB: Final = 10
+"""What the Pulumi CLI keeps of its own logs in ale-iac's Pulumi home (a few hundred to a few thousand files, of
+5 to 30 kB each): each CLI call stats them all before it starts."""
+SHARED_WITH_USER_HOME: Final = ("plugins", "credentials.json")
+"""What ale-iac's Pulumi home links to the user's: the provider plugins the user installed (and where the CLI
+installs one it needs), and the Pulumi Cloud login (a ``PULUMI_BACKEND_URL`` of Pulumi Cloud needs it)."""
 
 OWN_SUBCHANNELS: Final = ("grpc.use_local_subchannel_pool", 1)
 """Each channel an in-process program opens to its CLI (monitor, engine) connects on its own.
@@ -203,9 +215,19 @@ class Engine:
 
     # -- setup -------------------------------------------------------------------------------
 
+    @property
+    def pulumi_home(self) -> Path:
+        """The CLI's ``PULUMI_HOME``: the caller's, or ``<home>/pulumi``."""
+        return Path(os.environ.get("PULUMI_HOME") or self.home / "pulumi")
+
+    def _own_pulumi_home(self) -> bool:
+        return not os.environ.get("PULUMI_HOME")
+
     def _prepare_home(self) -> None:
         for sub in ("work", "logs/stacks"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
+        if self._own_pulumi_home():
+            ensure_pulumi_home(self.pulumi_home)
         if self.backend_url.startswith("file://"):
             Path(self.backend_url[len("file://") :]).mkdir(parents=True, exist_ok=True)
         self.sweep_work_dirs()
@@ -244,7 +266,13 @@ class Engine:
             # cache holds.
             dirs.append(str(kube))
         path = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+        own_home = (
+            {"PULUMI_HOME": str(self.pulumi_home), "PULUMI_LOG_ROTATION_MAX_TOTAL_MB": str(LOG_ROTATION_MAX_TOTAL_MB)}
+            if self._own_pulumi_home()
+            else {}
+        )
         return {
+            **own_home,
             "PULUMI_BACKEND_URL": self.backend_url,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_PYTHON_CMD": sys.executable,
@@ -261,7 +289,7 @@ class Engine:
             match = re.match(r"^.+-p(\d+)-[0-9a-f]{8}$", entry.name)
             if not match or procs.alive(int(match.group(1))):
                 continue
-            _remove_work_dir(entry)
+            _remove_work_dir(entry, self.pulumi_home)
             removed.append(entry)
         return removed
 
@@ -277,7 +305,7 @@ class Engine:
         try:
             yield work_dir, {**self.env_vars(), "TMPDIR": str(scratch)}
         finally:
-            _remove_work_dir(work_dir)
+            _remove_work_dir(work_dir, self.pulumi_home)
 
     @contextlib.contextmanager
     def _workspace(self, label: str, program: Program | None, providers: bool = False) -> Iterator[auto.LocalWorkspace]:
@@ -520,19 +548,30 @@ _TMP: Final = "tmp"
 """The folder of an operation's work dir that its CLI call gets as ``TMPDIR``."""
 
 
-def _remove_work_dir(work_dir: Path) -> None:
+def _remove_work_dir(work_dir: Path, pulumi_home: Path) -> None:
     """Remove an operation's work dir and the CLI's record of the stack last selected in it."""
     shutil.rmtree(work_dir, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
-        workspace_settings_file(work_dir).unlink()
+        workspace_settings_file(work_dir, pulumi_home).unlink()
 
 
-def workspace_settings_file(project_dir: Path) -> Path:
+def ensure_pulumi_home(pulumi_home: Path) -> None:
+    """Make ale-iac's Pulumi home, linking :data:`SHARED_WITH_USER_HOME` to the user's (``~/.pulumi``) where the
+    user has them and the home has none yet (a plugins folder the CLI made here before the user had one stays)."""
+    pulumi_home.mkdir(parents=True, exist_ok=True)
+    user_home = Path.home() / ".pulumi"
+    for name in SHARED_WITH_USER_HOME:
+        link, target = pulumi_home / name, user_home / name
+        if target.exists() and not link.exists() and not link.is_symlink():
+            with contextlib.suppress(FileExistsError):  # another engine linked it meanwhile
+                link.symlink_to(target)
+
+
+def workspace_settings_file(project_dir: Path, pulumi_home: Path) -> Path:
     """Where the Pulumi CLI records the stack selected in ``project_dir`` (by ``stack select`` or ``stack
-    init``): ``<PULUMI_HOME or ~/.pulumi>/workspaces/<project>-<sha1 of its Pulumi.yaml's path>-workspace.json``
+    init``): ``<PULUMI_HOME>/workspaces/<project>-<sha1 of its Pulumi.yaml's path>-workspace.json``
     (the CLI's ``projectWorkspace.settingsPath``). Each of ale-iac's operations has a project folder of its own,
     so each such file is written once and never read again."""
-    pulumi_home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
     project_file = str(project_dir / "Pulumi.yaml")
     digest = hashlib.sha1(project_file.encode(), usedforsecurity=False).hexdigest()
     return pulumi_home / "workspaces" / f"{PROJECT}-{digest}-workspace.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -18,11 +19,14 @@ from pulumi.runtime import _grpc_settings
 from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc
 
 from ale_iac.engine import (
+    LOG_ROTATION_MAX_TOTAL_MB,
+    SHARED_WITH_USER_HOME,
     Engine,
     StackLockedError,
     StackNotFoundError,
     StackOperationError,
     engine_message,
+    ensure_pulumi_home,
     sweep_orphan_providers,
     workspace_settings_file,
 )
@@ -92,6 +96,75 @@ def test_operations_leave_no_selected_stack_record_in_the_pulumi_home(
     assert _work_dirs(engine) == []
 
 
+def _user_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A user's home of the test's own, whose ``~/.pulumi`` the engine must leave alone; no ``PULUMI_HOME``."""
+    home = tmp_path / "user"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PULUMI_HOME", raising=False)
+    return home
+
+
+@pytest.mark.engine
+def test_the_cli_s_logs_go_to_ale_iac_s_own_pulumi_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    user = _user_home(monkeypatch, tmp_path)
+    engine = Engine()
+    assert engine.pulumi_home == engine.home / "pulumi"
+    assert engine.env_vars()["PULUMI_HOME"] == str(engine.pulumi_home)
+    engine.init("t-logs")
+    engine.destroy("t-logs")
+    assert len(list((engine.pulumi_home / "logs").glob("*.log"))) >= 2  # stack init, destroy
+    assert not (user / ".pulumi").exists()
+    # A PULUMI_HOME of the caller's is the CLI's, rotated as the CLI does by default.
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "theirs"))
+    assert Engine().pulumi_home == tmp_path / "theirs"
+    assert "PULUMI_LOG_ROTATION_MAX_TOTAL_MB" not in Engine().env_vars()
+
+
+@pytest.mark.engine
+def test_the_cli_rotates_its_logs_in_ale_iac_s_pulumi_home_at_the_cap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cap is the CLI's to apply (``PULUMI_LOG_ROTATION_MAX_TOTAL_MB``): logs of the last hours, 1 MB each and
+    three times the cap in all, are cut to the cap by the next CLI call, the oldest first."""
+    _user_home(monkeypatch, tmp_path)
+    engine = Engine()
+    logs = engine.pulumi_home / "logs"
+    logs.mkdir(parents=True)
+    now = datetime.datetime.now()
+    names = [
+        f"pulumi-{(now - datetime.timedelta(minutes=5 + i)).strftime('%Y%m%dT%H%M%S')}-{1000 + i}-version.log"
+        for i in range(3 * LOG_ROTATION_MAX_TOTAL_MB)
+    ]
+    for name in names:
+        (logs / name).write_bytes(b"\0" * 2**20)
+    engine.init("t-rotate")
+    engine.remove("t-rotate")
+    kept = {p.name for p in logs.glob("pulumi-*-version.log")}
+    assert 0 < len(kept) <= LOG_ROTATION_MAX_TOTAL_MB
+    assert kept == set(names[: len(kept)])  # the newest kept
+
+
+def test_ale_iac_s_pulumi_home_shares_the_user_s_plugins_and_login(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    user = _user_home(monkeypatch, tmp_path)
+    ours = tmp_path / "ale-home" / "pulumi"
+    ensure_pulumi_home(ours)  # the user has neither yet: nothing to link
+    assert sorted(p.name for p in ours.iterdir()) == []
+    (ours / "plugins").mkdir()  # as the CLI makes it when it installs a plugin
+    (user / ".pulumi" / "plugins").mkdir(parents=True)
+    (user / ".pulumi" / "credentials.json").write_text("{}")
+    ensure_pulumi_home(ours)
+    assert not (ours / "plugins").is_symlink()  # a folder of its own stays as it is
+    assert (ours / "credentials.json").resolve() == user / ".pulumi" / "credentials.json"
+    fresh = tmp_path / "fresh" / "pulumi"
+    ensure_pulumi_home(fresh)
+    ensure_pulumi_home(fresh)  # again: the links are there already
+    for name in SHARED_WITH_USER_HOME:
+        assert (fresh / name).is_symlink() and (fresh / name).resolve() == user / ".pulumi" / name
+
+
 def test_the_selected_stack_record_is_where_the_cli_writes_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pulumi_home = _pulumi_home(monkeypatch, tmp_path)
     engine = Engine()
@@ -102,8 +175,8 @@ def test_the_selected_stack_record_is_where_the_cli_writes_it(monkeypatch: pytes
     pulumi = str(engine.toolchain.pulumi)
     subprocess.run([pulumi, "stack", "init", "t-rec", "--cwd", str(project)], env=env, check=True, capture_output=True)
     try:
-        assert _workspace_files(pulumi_home) == [workspace_settings_file(project).name]
-        assert workspace_settings_file(project).parent == pulumi_home / "workspaces"
+        assert _workspace_files(pulumi_home) == [workspace_settings_file(project, engine.pulumi_home).name]
+        assert workspace_settings_file(project, engine.pulumi_home).parent == pulumi_home / "workspaces"
     finally:
         subprocess.run([pulumi, "stack", "rm", "--yes", "-s", "t-rec", "--cwd", str(project)], env=env, check=False)
 
