@@ -24,7 +24,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from bench_pool import with_checkpoint
@@ -37,8 +39,8 @@ from ale_iac.profile import PoolSpec, resolve_profile
 from ale_iac.provision import UpAhead
 from ale_iac.runner.evaluation import run_experiment
 from ale_iac.runner.experiment import load_experiment
-from ale_iac.sandbox.handle import SandboxHandle
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 POOL = "bench-runner-pool"
 
@@ -160,24 +162,21 @@ TURN: dict[str, float] = {}
 def _time_held_ups() -> None:
     """Wrap ``UpAhead``'s wait for the unit's turn, so that the time an ``up`` was held is not counted as
     engine time (the CLI waits idle meanwhile), and its ``go``: the part of the ``up`` on the critical path."""
-    wait, go = UpAhead._wait, UpAhead.go
+    UpAhead._wait = _timed(UpAhead._wait, HELD)  # type: ignore[method-assign,assignment]
+    UpAhead.go = _timed(UpAhead.go, TURN)  # type: ignore[method-assign,assignment]
 
-    def timed_wait(self: UpAhead) -> bool:
+
+def _timed(method: Callable[[UpAhead], T], seconds: dict[str, float]) -> Callable[[UpAhead], T]:
+    """``method``, recording how long each call took in ``seconds``, by the ``UpAhead``'s stack."""
+
+    def timed(self: UpAhead) -> T:
         start = time.perf_counter()
         try:
-            return wait(self)
+            return method(self)
         finally:
-            HELD[self.stack] = time.perf_counter() - start
+            seconds[self.stack] = time.perf_counter() - start
 
-    def timed_go(self: UpAhead) -> SandboxHandle:
-        start = time.perf_counter()
-        try:
-            return go(self)
-        finally:
-            TURN[self.stack] = time.perf_counter() - start
-
-    UpAhead._wait = timed_wait  # type: ignore[method-assign]
-    UpAhead.go = timed_go  # type: ignore[method-assign]
+    return timed
 
 
 def engine_time_lines() -> list[str]:

@@ -281,6 +281,18 @@ def test_sigint_during_four_units_leaves_nothing(lab: Path) -> None:
     _assert_nothing_left()
 
 
+def _wait_for_a_held_up(engine: Engine) -> tuple[list[str], str]:
+    """Two stacks at -j 1: the running unit's, and the next unit's, locked by its held ``up``; their names, and
+    the held one's."""
+    deadline = time.monotonic() + 120
+    while len(stacks := [stack.name for stack in engine.list_stacks()]) < 2 or not (
+        held := [stack for stack in stacks if engine.is_locked(stack)]
+    ):
+        assert time.monotonic() < deadline, "the next unit's stack was never made ahead, with its up held"
+        time.sleep(0.2)
+    return stacks, held[0]
+
+
 def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: Path) -> None:
     """At -j 1 the next unit's stack is made (``stack init``) while the current unit runs, and its ``up`` started
     and held before it declares anything (``provision.UpAhead``); an interrupt then lets that ``up`` end with
@@ -288,11 +300,7 @@ def test_sigint_while_units_wait_removes_the_stack_made_ahead_for_the_next(lab: 
     proc = _start_run(lab, ["sleepy"], ["answer"], repeats=3, concurrency=1, unit_timeout_s=600)
     _wait_for_agents(lab, 1, proc)
     engine = Engine()
-    deadline = time.monotonic() + 120
-    # Two stacks: the running unit's, and the next unit's, locked by its held ``up``.
-    while len(stacks := engine.list_stacks()) < 2 or not any(engine.is_locked(stack.name) for stack in stacks):
-        assert time.monotonic() < deadline, "the next unit's stack was never made ahead, with its up held"
-        time.sleep(0.2)
+    _wait_for_a_held_up(engine)
     assert len(engine.list_stacks()) == 2 and len(local_sandboxes.list_sandboxes()) == 1
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=180)
@@ -366,11 +374,7 @@ def test_a_held_up_ends_with_its_sigkilled_runner_and_gc_recovers_the_run(lab: P
     proc = _start_run(lab, ["sleepy"], ["answer"], repeats=2, concurrency=1, unit_timeout_s=600)
     _wait_for_agents(lab, 1, proc)
     engine = Engine()
-    deadline = time.monotonic() + 120
-    while len(stacks := engine.list_stacks()) < 2 or not any(engine.is_locked(stack.name) for stack in stacks):
-        assert time.monotonic() < deadline, "the next unit's stack was never made ahead, with its up held"
-        time.sleep(0.2)
-    [held] = [stack.name for stack in stacks if engine.is_locked(stack.name)]
+    stacks, held = _wait_for_a_held_up(engine)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 60
@@ -379,7 +383,7 @@ def test_a_held_up_ends_with_its_sigkilled_runner_and_gc_recovers_the_run(lab: P
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # what else of the run is left (its agent's processes, its bridges)
     report = collect(engine)
-    assert sorted(report.destroyed) == sorted(stack.name for stack in stacks) and report.errors == []
+    assert sorted(report.destroyed) == sorted(stacks) and report.errors == []
     _assert_nothing_left(engine)
 
 
