@@ -60,10 +60,7 @@ async def in_background(fn: Callable[..., T], *args: Any) -> T:
     A thread of its own, since a thread's niceness cannot go back down without privilege."""
 
     def lowered() -> T:
-        if os.environ.get("ALE_IDLE"):
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-        else:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         return fn(*args)
 
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background-engine-call")
