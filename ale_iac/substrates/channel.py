@@ -131,11 +131,20 @@ class ModelChannel:
     # the reverse connections
 
     async def _connect(self) -> Streams:
-        """One reverse connection, upgraded: the endpoint's 101 read, nothing after it."""
+        """One reverse connection, upgraded: the endpoint's 101 read, nothing after it.
+
+        ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 a ``wait_for`` whose call completes as its
+        task is cancelled returns the result and drops the cancel (CPython gh-86296). A channel closing as a
+        replacement connection came up then got that connection after it had aborted the others: its task waited
+        on it for ever, and so did the close (a kubernetes isolation test hung 40 min in CI on it)."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
         except (OSError, TimeoutError) as exc:
             raise ModelChannelError(f"the unit's endpoint {self.host}:{self.port} does not answer: {exc}") from None
+        if self._closing is not None:  # closed meanwhile: what the close aborted did not include this one
+            writer.transport.abort()
+            raise ModelChannelError("the channel is closing")
         self._writers.add(writer)
         try:
             _tune(writer)
@@ -145,7 +154,8 @@ class ModelChannel:
                 b"Connection: Upgrade\r\nUpgrade: " + authproxy.CHANNEL_PROTOCOL + b"\r\n\r\n"
             )
             await writer.drain()
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             await self._drop(writer)
             raise ModelChannelError(f"the unit's endpoint closed the model channel's handshake: {exc!r}") from None
@@ -166,6 +176,8 @@ class ModelChannel:
         last: ModelChannelError | None = None
         for delay in REOPEN_DELAYS_S:
             await asyncio.sleep(delay)
+            if self._closing is not None:
+                return
             try:
                 streams = await self._connect()
             except ModelChannelError as exc:

@@ -251,3 +251,18 @@ async def test_closing_waits_for_no_peer_that_stopped_reading(unit: Unit, tmp_pa
             writer.transport.abort()
         stalled.close()
         await stalled.wait_closed()
+
+
+async def test_a_connection_that_comes_up_as_the_channel_closes_is_dropped(
+    unit: Unit, grant: Grant, tmp_path: Path
+) -> None:
+    """A reverse connection whose handshake completes after the close began (as one did whose task's cancel
+    Python 3.11's ``wait_for`` dropped: the close had aborted the others, and waited on that one for ever) is
+    aborted at once, not kept open and waited on."""
+    channel = ModelChannel(unit.endpoint, TOKEN, unix_connector(str(tmp_path / "gateway.sock")))
+    await channel.open()
+    await asyncio.wait_for(channel.aclose(), 20)
+    with pytest.raises(ModelChannelError, match="closing"):
+        await channel._connect()
+    assert channel._writers == set() and tasks() == set()
+    await until(lambda: channel_sockets(unit)[0] == 0, "no connection of the channel left to the unit")
