@@ -23,6 +23,7 @@ from ale_iac.provision import UNIT_NAME, UpAhead, destroy_stack, ensure_images, 
 from ale_iac.sandbox.readiness import wait_ready
 from ale_iac.substrates.local import sandboxes as local_sandboxes
 from ale_iac.substrates.qemu import disk
+from tests.support.engine import pulumi_clis
 
 
 def _profile(tmp_path: Path, routes: str) -> Path:
@@ -105,21 +106,13 @@ def _soon(condition: Callable[[], bool], timeout_s: float = 30) -> None:
         time.sleep(0.01)
 
 
-def _clis_of(stack: str) -> list[int]:
-    return [
-        pid
-        for pid in procs.descendants(os.getpid())[1:]
-        if (argv := procs.argv(pid)) and os.path.basename(argv[0]) == "pulumi" and stack in argv
-    ]
-
-
 @pytest.mark.engine
 @pytest.mark.sandbox
 def test_a_held_up_makes_the_unit_on_its_turn_and_nothing_before() -> None:
     engine = Engine()
     stack = new_stack_name("run", "held")
     up_ahead = _held(engine, stack)
-    [cli] = _clis_of(stack)  # one CLI, the up's, waiting
+    [cli] = pulumi_clis(stack)  # one CLI, the up's, waiting
     handle = up_ahead.go()
     try:
         assert not procs.is_running(cli, None) and not engine.is_locked(stack)
@@ -142,7 +135,7 @@ def test_a_dropped_up_declares_nothing() -> None:
     up_ahead = _held(engine, stack, decisions)
     up_ahead.drop()
     assert decisions == [False]
-    assert _clis_of(stack) == [] and not engine.is_locked(stack)
+    assert pulumi_clis(stack) == [] and not engine.is_locked(stack)
     assert engine.outputs(stack) == {} and local_sandboxes.list_sandboxes() == []
     assert destroy_stack(engine, stack)
     assert engine.list_stacks() == []
@@ -157,7 +150,7 @@ def test_a_held_up_whose_cli_dies_fails_on_its_turn_and_leaves_no_stack() -> Non
     stack = new_stack_name("run", "killed")
     decisions: list[bool] = []
     up_ahead = _held(engine, stack, decisions)
-    [cli] = _clis_of(stack)
+    [cli] = pulumi_clis(stack)
     os.kill(cli, signal.SIGKILL)
     up_ahead._thread.join(60)
     assert not up_ahead._thread.is_alive()

@@ -25,6 +25,7 @@ from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.run_claims import read_claims
 from ale_iac.substrates.local import sandboxes as local_sandboxes
+from tests.support.engine import pulumi_clis
 from tests.support.tasks import make_clean_slate_task, make_preset, make_task
 
 # One xdist group (the module's tests on one worker; what they count is this test's home's, and the hanging
@@ -378,15 +379,10 @@ def test_a_held_up_ends_with_its_sigkilled_runner_and_gc_recovers_the_run(lab: P
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 60
-    while _clis_of(held):
+    while pulumi_clis(held):
         assert time.monotonic() < deadline, f"the held up of {held} outlived its runner"
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # what else of the run is left (its agent's processes, its bridges)
     report = collect(engine)
     assert sorted(report.destroyed) == sorted(stacks) and report.errors == []
     _assert_nothing_left(engine)
-
-
-def _clis_of(stack: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", f"pulumi .*--stack {stack}"], capture_output=True, text=True, check=False)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]

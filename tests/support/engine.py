@@ -1,11 +1,13 @@
-"""A tiny dynamic resource for engine tests: writes a file on create, removes it on delete.
+"""A tiny dynamic resource for engine tests: writes a file on create, removes it on delete; and the Pulumi
+CLIs at work on a stack.
 
-It lives in an importable module (not in a test file) because Pulumi pickles dynamic providers by
+The resource lives in an importable module (not in a test file) because Pulumi pickles dynamic providers by
 reference and the provider process must import this class to create or delete the resource.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,18 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
+from ale_iac import procs
 from ale_iac.errors import AleIacError
+
+
+def pulumi_clis(stack: str) -> list[int]:
+    """The pids of the host's live ``pulumi`` CLIs working on ``stack`` (whoever started them: a CLI whose runner
+    was killed is nobody's child any more)."""
+    return [
+        pid
+        for pid in procs.all_pids()
+        if (argv := procs.argv(pid)) and os.path.basename(argv[0]) == "pulumi" and stack in argv
+    ]
 
 
 class MarkerProvider(dyn.ResourceProvider):
