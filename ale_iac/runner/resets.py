@@ -30,6 +30,7 @@ from ale_iac.engine import Engine, StackLockedError, live_outputs
 from ale_iac.errors import AleIacError
 from ale_iac.paths import ale_home, project_root
 from ale_iac.runner import leases
+from ale_iac.runner.batches import Batches
 from ale_iac.substrates import registry
 from ale_iac.substrates.base import Capability
 
@@ -116,7 +117,7 @@ def recreate(stack: str, unit: UnitOutputs) -> UnitOutputs:
             f"unit {unit.unit} of pool '{stack}' names no resource to recreate (its stack predates resets: "
             f"run pulumi up -s {stack} once)"
         )
-    _recreator(stack).run(unit.unit, unit.reset_urns)
+    _recreator(stack).submit(unit.unit, list(unit.reset_urns))
     return _unit_of(_engine(), stack, unit.unit)
 
 
@@ -127,48 +128,22 @@ def _unit_of(engine: Engine, stack: str, name: str) -> UnitOutputs:
     return units[name]
 
 
-class _Recreator:
-    """One pool stack's recreations in this process: one ``pulumi up`` at a time, the requests that came
-    meanwhile together in the next one."""
-
-    def __init__(self, stack: str) -> None:
-        self.stack = stack
-        self.changed = threading.Condition()
-        self.pending: dict[str, list[str]] = {}
-        self.finished: dict[str, BaseException | None] = {}
-        self.running = False
-
-    def run(self, unit: str, urns: list[str]) -> None:
-        with self.changed:
-            self.pending[unit] = list(urns)
-            while unit not in self.finished:
-                if self.running:
-                    self.changed.wait()
-                    continue
-                batch, self.pending, self.running = self.pending, {}, True
-                error: BaseException | None = None
-                self.changed.release()
-                try:
-                    replace(self.stack, sorted({urn for names in batch.values() for urn in names}))
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    self.changed.acquire()
-                    self.running = False
-                    self.finished.update(dict.fromkeys(batch, error))
-                    self.changed.notify_all()
-            failed = self.finished.pop(unit)
-        if failed is not None:
-            raise failed
-
-
-_recreators: dict[str, _Recreator] = {}
+_recreators: dict[str, Batches[str, list[str], None]] = {}
 _recreators_guard = threading.Lock()
 
 
-def _recreator(stack: str) -> _Recreator:
+def _recreator(stack: str) -> Batches[str, list[str], None]:
+    """One pool stack's recreations in this process (``batches.Batches``): one ``pulumi up`` at a time, the
+    requests of other units that came meanwhile together in the next one."""
     with _recreators_guard:
-        return _recreators.setdefault(stack, _Recreator(stack))
+        if stack not in _recreators:
+            _recreators[stack] = Batches(functools.partial(_replace_batch, stack))
+        return _recreators[stack]
+
+
+def _replace_batch(stack: str, batch: dict[str, list[str]]) -> dict[str, None]:
+    replace(stack, sorted({urn for urns in batch.values() for urn in urns}))
+    return {}
 
 
 def replace_args(stack: str, urns: list[str]) -> list[str]:

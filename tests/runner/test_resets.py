@@ -133,12 +133,12 @@ def test_recreations_asked_for_while_one_runs_go_into_the_next_up(monkeypatch: p
             raise AleIacError("the update failed")
 
     monkeypatch.setattr(resets, "replace", replace)
-    recreator = resets._Recreator("pool-b")
+    recreator = resets._recreator("pool-b")
     errors: dict[str, BaseException] = {}
 
     def ask(unit: str, urn: str) -> None:
         try:
-            recreator.run(unit, [urn])
+            recreator.submit(unit, [urn])
         except BaseException as exc:
             errors[unit] = exc
 
