@@ -47,6 +47,7 @@ from ale_iac.infra.cloud_common import (
     expiry_for,
     identity_text,
     label_value,
+    load_lazy_submodules,
     shared_resource,
     split_ranges,
     startup_script,
@@ -56,6 +57,8 @@ from ale_iac.infra.cloud_common import (
     wall_text,
 )
 from ale_iac.infra.shapes import ResolvedShape, preflight
+
+load_lazy_submodules(alicloud.ecs, alicloud.oss)  # before any program runs: not thread-safe once programs do
 
 UNIT_TYPE = "ale-iac:aliyun:Unit"
 DISK_IMAGE_GB = 8

@@ -52,6 +52,7 @@ from ale_iac.infra.cloud_common import (
     expiry_for,
     identity_text,
     label_value,
+    load_lazy_submodules,
     shared_resource,
     split_ranges,
     startup_script,
@@ -60,6 +61,8 @@ from ale_iac.infra.cloud_common import (
     unit_slug,
 )
 from ale_iac.infra.shapes import ResolvedShape, preflight
+
+load_lazy_submodules(aws.ebs, aws.ec2, aws.s3, aws.vpc)  # before any program runs: not thread-safe once programs do
 
 UNIT_TYPE = "ale-iac:aws:Unit"
 SSH_PORT = 22

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -449,3 +450,18 @@ def unit_handle(
 
     ids = [r.id for r in depends_on]
     return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, token, *ids).apply(build)
+
+
+def load_lazy_submodules(*submodules: types.ModuleType) -> None:
+    """Load a cloud SDK's submodules now, whole (each cloud module calls it as it is imported).
+
+    The SDKs import their submodules lazily (``pulumi_gcp.compute`` is a module of ``pulumi._utils.lazy_import``,
+    a copy of importlib's LazyLoader, until first used), and that loader is not thread-safe: programs declaring
+    units at once (a run's units at ``-j 2``, each ``up`` in a thread of the runner) met ``gcp.compute``
+    half-loaded, "module 'pulumi_gcp.compute' has no attribute 'Firewall'", in 7 of 8 threads
+    (tests/infra/test_cloud_common.py).
+    Loaded here, under the cloud module's own import lock, they are whole before any program uses them."""
+    for module in submodules:
+        # Any attribute but the introspection ones (``__name__``, ``__dict__``, ...) runs the lazy module's load;
+        # this one does not exist, so it loads the module and returns the default.
+        getattr(module, "_ale_iac_load_probe", None)

@@ -46,6 +46,7 @@ from ale_iac.infra.cloud_common import (
     expiry_for,
     identity_text,
     label_value,
+    load_lazy_submodules,
     shared_resource,
     split_ranges,
     startup_script,
@@ -56,6 +57,8 @@ from ale_iac.infra.cloud_common import (
 )
 from ale_iac.infra.endpoint_token import TOKEN_KEY, TTL_KEY, EndpointToken
 from ale_iac.infra.shapes import ResolvedShape, preflight
+
+load_lazy_submodules(gcp.compute, gcp.storage)  # before any program runs: not thread-safe once programs do
 
 UNIT_TYPE = "ale-iac:gcloud:Unit"
 SSH_PORT = 22
