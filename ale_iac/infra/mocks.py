@@ -116,9 +116,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 )
             )
         outputs = dict(args.inputs)
-        computed = _COMPUTED.get(args.typ)
-        if computed is not None:
-            computed(self, args.name, outputs)
+        add_computed(self, args.typ, args.name, outputs)
         return f"{args.name}-id", outputs
 
     def call(self, args: MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
@@ -273,3 +271,11 @@ _COMPUTED: dict[str, Callable[[RecordingMocks, str, dict[str, Any]], None]] = {
     **{f"pulumi-python:dynamic/ale:{registry.get(kind).resource_type}": _host_unit for kind in registry.names()},
     "pulumi-python:dynamic/ale:EndpointToken": _endpoint_token,
 }
+
+
+def add_computed(mocks: RecordingMocks, typ: str, name: str, outputs: dict[str, Any]) -> None:
+    """Add to ``outputs`` (a resource's inputs) what a provider computes for a resource of ``typ`` named ``name``:
+    instance addresses, a host unit's sandbox id and endpoint, ... (nothing for other types)."""
+    computed = _COMPUTED.get(typ)
+    if computed is not None:
+        computed(mocks, name, outputs)
