@@ -213,6 +213,12 @@ class UnitOutputs(BaseModel):
         default_factory=list,
         description="URNs of the unit's resources that a 'recreate' replaces (its VM, container or sandbox).",
     )
+    root_urn: str | None = Field(
+        default=None,
+        description="URN of the unit's top resource (its component, or its one resource): a targeted update of it "
+        "with its dependents removes the unit whole from a stack it shares (``ale_iac.runner.shared_slots``). None: "
+        "a stack made before the field existed.",
+    )
     port_forward: PortForward | None = Field(
         default=None,
         description="Set when the endpoint is reached through a Kubernetes port-forward to the unit's pod: then "
@@ -237,6 +243,8 @@ class UnitOutputs(BaseModel):
             del data["egress"]  # a unit without a policy exports what it did before the field existed
         if data["port_forward"] is None:
             del data["port_forward"]  # likewise: only a Kubernetes unit has one
+        if data["root_urn"] is None:
+            del data["root_urn"]
         return data
 
 

@@ -141,6 +141,7 @@ class AwsUnit(pulumi.ComponentResource):
             address=instance.public_ip if public else instance.private_ip,
             resource_id=instance.id,
             reset_urn=instance.urn,
+            root_urn=self.urn,
             resource_labels=instance.tags,
             labels=tags,
             depends_on=self.rules,

@@ -405,6 +405,7 @@ def unit_handle(
     resource_labels: pulumi.Output[Any],
     labels: Mapping[str, str],
     reset_urn: pulumi.Output[str],
+    root_urn: pulumi.Output[str],
     depends_on: Sequence[pulumi.CustomResource] = (),
     token: pulumi.Output[str] | None = None,
 ) -> pulumi.Output[dict[str, Any]]:
@@ -413,7 +414,8 @@ def unit_handle(
     ``expires_at`` comes from the labels in the resource's state (see the module docstring). The
     handle also waits for ``depends_on`` (the unit's firewall rules / security group): an endpoint
     is only usable once the rules that let the runner reach it exist. ``reset_urn`` is the VM's URN:
-    what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay). ``token`` is the
+    what a pool's ``reset: recreate`` replaces (the rules hold no state of a task and stay); ``root_urn`` the unit's
+    component's (what removing the unit from a shared stack targets, with its dependents). ``token`` is the
     endpoint's token on ale-iac's own disk (a secret: so is then the whole handle). On that disk the endpoint is
     ale-iac's forwarder, so the handle carries its model channel (and the unit can carry an egress policy).
     """
@@ -422,7 +424,7 @@ def unit_handle(
     paths = paths_for(route)
 
     def build(values: list[Any]) -> dict[str, Any]:
-        ip, rid, state_labels, urn, secret = values[:5]
+        ip, rid, state_labels, urn, secret, root = values[:6]
         final_labels = {str(k): str(v) for k, v in (state_labels or labels).items()}
         expiry = final_labels.get(LABEL_EXPIRY) or labels[LABEL_EXPIRY]
         handle = UnitOutputs(
@@ -442,6 +444,7 @@ def unit_handle(
             managed=True,
             reset=route.reset,
             reset_urns=[str(urn)],
+            root_urn=str(root),
             gateway_channel=forwarder_channel() if route.guest_agent else None,
             # A pool lease's policy comes from here (runner/egress.leased_policy), as a host substrate's does.
             egress=route.egress.model_dump(mode="json") if route.egress is not None else None,
@@ -449,7 +452,7 @@ def unit_handle(
         return handle.to_output()
 
     ids = [r.id for r in depends_on]
-    return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, token, *ids).apply(build)
+    return pulumi.Output.all(address, resource_id, resource_labels, reset_urn, token, root_urn, *ids).apply(build)
 
 
 def load_lazy_submodules(*submodules: types.ModuleType) -> None:

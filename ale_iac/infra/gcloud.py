@@ -129,6 +129,7 @@ class GcloudUnit(pulumi.ComponentResource):
             address=nic.access_configs[0].nat_ip if public else nic.network_ip,
             resource_id=instance.id,
             reset_urn=instance.urn,
+            root_urn=self.urn,
             resource_labels=instance.labels,
             labels=labels,
             depends_on=self.rules,

@@ -365,7 +365,7 @@ class KubernetesUnit(pulumi.ComponentResource):
         }
 
         def build(values: list[Any]) -> dict[str, Any]:
-            pod_name, namespace, annotations, urn, secret = values
+            pod_name, namespace, annotations, urn, secret, root = values
             pod_name = pod_name or f"{unit_slug(unit.name)}-pod"  # auto-named: None only under mocks
             expires = (annotations or {}).get(ANNOTATION_EXPIRES)
             handle = UnitOutputs(
@@ -385,6 +385,7 @@ class KubernetesUnit(pulumi.ComponentResource):
                 managed=True,
                 reset=route.reset,
                 reset_urns=[str(urn)],
+                root_urn=str(root),
                 gateway_channel=forwarder_channel(),
                 egress=route.egress.model_dump(mode="json") if route.egress is not None else None,
                 port_forward=PortForward(
@@ -399,8 +400,14 @@ class KubernetesUnit(pulumi.ComponentResource):
 
         meta = self.pod.metadata
         return pulumi.Output.all(
-            meta.name, meta.namespace, meta.annotations, self.pod.urn, token.value, *(p.id for p in self.policies)
-        ).apply(lambda values: build(values[:5]))
+            meta.name,
+            meta.namespace,
+            meta.annotations,
+            self.pod.urn,
+            token.value,
+            self.urn,
+            *(p.id for p in self.policies),
+        ).apply(lambda values: build(values[:6]))
 
 
 def declare_unit(

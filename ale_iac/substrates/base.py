@@ -230,6 +230,7 @@ class Substrate(ABC, Generic[InputsT, StateT, RouteT]):
             managed=True,
             reset=route.reset,
             reset_urns=[urn],
+            root_urn=urn,
             egress=route.egress.model_dump(mode="json") if route.egress is not None else None,
             gateway_channel=self.model_channel(),
             **self.extra_outputs(state),
