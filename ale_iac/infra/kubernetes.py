@@ -320,8 +320,13 @@ class KubernetesUnit(pulumi.ComponentResource):
                 containers=[container],
                 volumes=_volumes(secret, forwarder, route.shm_gb),
             ),
+            # Replaced (a recreate) by deleting first: the pod being replaced serves nobody, and a node sized for
+            # the units has no room for a second one (the new pod never scheduled: "Insufficient cpu").
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(ignore_changes=ignore_expiry, depends_on=self.policies)
+                child,
+                pulumi.ResourceOptions(
+                    ignore_changes=ignore_expiry, depends_on=self.policies, delete_before_replace=True
+                ),
             ),
         )
         self.handle = self._handle(unit, snapshot, route, labels, token)
