@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -420,6 +420,44 @@ class Engine:
             sink = self._sink(name, "up", on_output)
             self._run(name, "up", lambda: stack.up(on_output=sink, on_error=sink))
 
+    def update_targets(
+        self,
+        name: str,
+        program: Program,
+        targets: Sequence[str],
+        replace: Sequence[str] = (),
+        on_output: OutputSink | None = None,
+    ) -> None:
+        """One ``up`` of an existing stack that changes only ``targets`` and what depends on them
+        (``--target URN ... --target-dependents``), replacing ``replace`` (``--replace URN``): a targeted resource
+        the program no longer declares is deleted, with its children. Whatever else the program declares is left
+        as the stack has it. As :meth:`up_new`, no outputs are read back (the program hands them over itself).
+
+        The stack's settings (its passphrase salt) are kept from one call to the next, so the CLI derives the
+        stack's key once per call rather than twice (see :meth:`up_new`)."""
+        check_stack_name(name)
+        with self._workspace(name, program, providers=True) as workspace:
+            with self._settings_guard:
+                settings = self._settings.get(name)
+            if settings is not None:
+                workspace.save_stack_settings(name, settings)
+            stack = _NoReadbackStack(name, workspace, create=False)
+            sink = self._sink(name, "up --target", on_output)
+            self._run(
+                name,
+                "up --target",
+                lambda: stack.up(
+                    target=list(targets),
+                    replace=list(replace),
+                    target_dependents=True,
+                    on_output=sink,
+                    on_error=sink,
+                ),
+            )
+            if settings is None:
+                with self._settings_guard:
+                    self._settings[name] = workspace.stack_settings(name)
+
     def preview(self, name: str, program: Program, diff: bool = False) -> auto.PreviewResult:
         with self._stack(name, program, create=True, providers=True) as stack:
             sink = self._sink(name, "preview", None)
@@ -438,6 +476,8 @@ class Engine:
         host process starts either.
         """
         check_stack_name(name)
+        with self._settings_guard:
+            self._settings.pop(name, None)
         with self._workspace(name, None, providers=True) as workspace, _language_client(_empty_program) as client:
             sink = self._sink(name, "destroy", on_output)
             args = ["destroy", "--yes", "--skip-preview", "--stack", name, *(["--remove"] if remove else [])]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ale_iac.cloud_routes import KubernetesRoute
@@ -110,6 +110,27 @@ def up_units(
     except BaseException:
         destroy_stack(engine, stack)
         raise
+
+
+def update_units(
+    engine: Engine,
+    profile: Profile,
+    stack: str,
+    units: list[UnitSpec],
+    targets: list[str],
+    replace: list[str],
+    kept: Mapping[str, UnitOutputs],
+) -> dict[str, UnitOutputs]:
+    """One targeted ``up`` of a stack (``Engine.update_targets``) whose program declares only ``units``: the update
+    changes ``targets`` alone (a target the program does not declare is deleted, with what depends on it) and
+    replaces ``replace``; the stack's other units, ``kept``, are left as they are and exported as they were. So
+    an update's program costs what it changes, not what the stack holds. What the stack exports of each unit
+    then, by name."""
+    resolved: list[dict[str, Any]] = []
+    as_they_are = {name: unit.to_output() for name, unit in kept.items()}
+    program = inline_program(profile, units, stack, on_units=resolved.append, kept=as_they_are)
+    engine.update_targets(stack, program, targets, replace)
+    return parse_units(resolved[-1]) if resolved else {}
 
 
 def _exported(stack: str, units: list[UnitSpec], resolved: list[dict[str, Any]]) -> dict[str, UnitOutputs]:

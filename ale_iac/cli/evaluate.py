@@ -27,8 +27,9 @@ def evaluate(
     shared_stack: bool = typer.Option(
         None,
         "--shared-stack/--stack-per-unit",
-        help="One stack for the run (a sandbox per -j slot, reset between units, destroyed at the end) instead of "
-        "one per unit: three CLI calls for the whole run, not three per unit (docs/experiments.md).",
+        help="One stack for the run (a sandbox per -j slot, made fresh between units, destroyed at the end) instead "
+        "of one per unit: three CLI calls for the whole run, not three per unit, where the substrate resets units; "
+        "a shared targeted update per change where the engine does (clouds, kubernetes; docs/experiments.md).",
     ),
     out: Path = typer.Option(None, "--out", help="Output root for run records."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ale_iac.contract import POOL_LABEL, UnitSpec
+from ale_iac.contract import POOL_LABEL, UNITS_OUTPUT, UnitSpec
 from ale_iac.infra import declare
 from ale_iac.profile import CONFIG_NAMESPACE, PoolSpec, Profile, parse_profile
 
@@ -16,6 +16,7 @@ def inline_program(
     stack: str,
     on_units: Callable[[dict[str, Any]], None] | None = None,
     gate: Callable[[], bool] | None = None,
+    kept: Mapping[str, dict[str, Any]] | None = None,
 ) -> Callable[[], None]:
     """A closure for the Automation API: declares ``units`` under ``profile``.
 
@@ -25,16 +26,24 @@ def inline_program(
 
     ``gate``, when given, is called before anything is declared and may block: the update waits in the
     program until it returns (``ale_iac.provision.UpAhead``); False declares nothing.
+
+    ``kept``: handles (``UnitOutputs.to_output()``) of units the stack holds that this program does not declare,
+    for a targeted update, which leaves what it does not target as the stack has it: exported as they are
+    (a secret, as a declared unit's handle), so the stack's ``units`` output stays whole.
     """
     frozen = tuple(units)
+    kept = dict(kept or {})
 
     def program() -> None:
         if gate is not None and not gate():
             return
-        handles = declare(profile, frozen, stack)
-        if on_units is not None:
-            import pulumi
+        import pulumi
 
+        handles: dict[str, Any] = declare(profile, frozen, stack, export=not kept)
+        if kept:
+            handles = {**{name: pulumi.Output.secret(handle) for name, handle in kept.items()}, **handles}
+            pulumi.export(UNITS_OUTPUT, handles)
+        if on_units is not None:
             pulumi.Output.from_input(handles).apply(on_units)
 
     return program

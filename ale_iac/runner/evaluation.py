@@ -349,7 +349,7 @@ def _provisioners(
     if pool is not None:
         return lambda _plan: PoolProvisioner(pool, lease_timeout_s=spec.unit_timeout_s)
     if shared is not None:
-        return lambda plan: PoolProvisioner(shared.pool_for(plan), lease_timeout_s=spec.unit_timeout_s)
+        return lambda plan: shared.provisioner_for(plan, spec.unit_timeout_s)
     if profile is None:
         raise AleIacError("an experiment needs a profile or a pool")
     return lambda _plan: StackProvisioner(sources.engine, profile, run_id, sources.cleanup, registry, spec.retain_below)

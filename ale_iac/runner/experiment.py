@@ -8,7 +8,7 @@
     repeats: 1
     profile: local                     # or pool: <stack> to lease units of a pool stack
     concurrency: 2
-    shared_stack: false                # true: one stack of `concurrency` sandboxes for the run, reset between units
+    shared_stack: false                # true: one stack of `concurrency` sandboxes for the run, fresh for each unit
     cleanup: destroy                   # destroy | retain | retain-on-failure
     retain_below: 0.5                  # also retain units that scored below this (optional)
     unit_timeout_s: 600
@@ -57,7 +57,8 @@ class ExperimentSpec(BaseModel):
     shared_stack: bool = Field(
         default=False,
         description="One stack for the run instead of one per unit: a sandbox per concurrency slot, brought up "
-        "once, reset between units by its substrate (reset: restore), destroyed when the run ends.",
+        "once, made fresh between units (reset: restore by its substrate; reset: recreate by a targeted update "
+        "that units ending together share, or removed once no unit needs it), destroyed when the run ends.",
     )
     cleanup: CleanupMode | None = Field(default=None, description="Default: the profile's mode.")
     retain_below: float | None = Field(

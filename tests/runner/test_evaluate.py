@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from ale_iac.bridges.warm import sweep_stale as sweep_stale_bridges
@@ -24,6 +25,7 @@ from ale_iac.runner.evaluation import RunSummary, print_summary, run_experiment
 from ale_iac.runner.experiment import load_experiment
 from ale_iac.runner.gc import collect
 from ale_iac.runner.run_claims import read_claims
+from ale_iac.runner.shared_slots import RECREATED, REMOVED
 from ale_iac.substrates.local import sandboxes as local_sandboxes
 from tests.support.engine import pulumi_clis
 from tests.support.tasks import make_clean_slate_task, make_preset, make_task
@@ -126,6 +128,38 @@ def test_a_shared_stack_run_makes_one_stack_and_resets_each_sandbox_between_unit
     manifest = json.loads((summary.run_dir / "experiment.json").read_text())
     assert manifest["shared_stack"] is True
     assert not (engine.home / "leases" / stack).exists()
+    _assert_nothing_left(engine)
+
+
+def test_a_shared_stack_recreates_through_the_engine_and_removes_what_no_unit_needs(lab: Path) -> None:
+    """A route reset by the engine (``reset: recreate``, as the clouds and kubernetes are): four units at -j 2 on a
+    shared stack. The two sandboxes serve the first two units, are recreated (new sandboxes, checked clean by the
+    task's setup) for the last two, then removed as each of those ends; one ``up``, targeted updates for those
+    four changes (fewer when they coincide) and one ``destroy`` in all."""
+    make_clean_slate_task(lab, "clean-slate")
+    profile = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())
+    profile["config"]["ale-iac:profile"]["snapshots"]["cpu-free-ubuntu"]["reset"] = "recreate"
+    (lab / "Pulumi.recreating.yaml").write_text(yaml.safe_dump(profile))
+    path = _experiment(lab, ["writer"], ["clean-slate"], repeats=4, concurrency=2, shared_stack=True)
+    summary = _run(path, profile=str(lab / "Pulumi.recreating.yaml"))
+    assert [(o.status, o.score) for o in summary.outcomes] == [("succeeded", 1.0)] * 4, summary.outcomes
+    assert sorted(o.cleanup for o in summary.outcomes) == [REMOVED, REMOVED, RECREATED, RECREATED]
+    engine = Engine()
+    [log] = sorted((engine.home / "logs" / "stacks").glob("*.log"))
+    assert "-shared-" in log.stem
+    operations = [" ".join(line.split()[2:-2]) for line in log.read_text().splitlines() if line.startswith("====")]
+    assert operations[0] == "up" and operations[-1] == "destroy", operations
+    assert 2 <= len(operations[1:-1]) <= 4 and set(operations[1:-1]) == {"up --target"}, operations
+    sandboxes: dict[str, list[str]] = {}
+    for outcome in summary.outcomes:
+        folder = summary.run_dir / outcome.unit_id
+        [lease] = [
+            e for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines()) if e["event"] == "leased"
+        ]
+        handle = json.loads((folder / "run.json").read_text())["handle"]
+        sandboxes.setdefault(lease["unit"], []).append(handle["resource_id"])
+    assert sorted(sandboxes) == ["g0-u0", "g0-u1"]
+    assert all(len(set(ids)) == 2 for ids in sandboxes.values()), sandboxes  # each slot: a new sandbox the 2nd time
     _assert_nothing_left(engine)
 
 

@@ -31,7 +31,7 @@ def _experiment(tmp_path: Path, **fields: object) -> Path:
         ({"cleanup": "retain"}, "cleanup 'retain' cannot keep one"),
         ({"cleanup": "retain-on-failure"}, "cleanup 'retain-on-failure' cannot keep one"),
         ({"retain_below": 0.5}, "retain_below cannot keep one"),
-        ({"profile": "static"}, "is not reset by its substrate without the engine"),
+        ({"profile": "static"}, "cannot be made fresh between units"),
     ],
 )
 def test_a_run_it_cannot_serve_is_refused_naming_the_file_and_field(
@@ -45,18 +45,22 @@ def test_a_run_it_cannot_serve_is_refused_naming_the_file_and_field(
     assert not (tmp_path / "runs").exists()  # refused before the run's record, engine or any stack
 
 
-def test_a_route_reset_through_the_engine_is_refused(tmp_path: Path) -> None:
-    """A host route whose units are remade by ``pulumi up --replace`` (``reset: recreate``) would cost an engine
-    call per unit again."""
+def test_a_route_whose_units_cannot_be_made_fresh_is_refused(tmp_path: Path) -> None:
+    """``reset: none`` (a unit leased as it is) could hand one unit's leftovers to the next; ``restore`` (the
+    substrate's) and ``recreate`` (the engine's: ``ale_iac.runner.shared_slots``) are served."""
     local = resolve_profile("local").profile
-    data = local.model_dump(mode="json")
-    for route in data["snapshots"].values():
-        route["reset"] = "recreate"
-    profile = parse_profile(data, "recreating.yaml").profile
     experiment = load_experiment(_experiment(tmp_path))
-    with pytest.raises(ConfigError, match="reset: recreate"):
-        check_shared_stack(profile, experiment.units, CleanupMode.DESTROY, None, experiment.source)
-    check_shared_stack(local, experiment.units, CleanupMode.DESTROY, None, experiment.source)  # restore: served
+    for reset, served in (("none", False), ("recreate", True), ("restore", True)):
+        data = local.model_dump(mode="json")
+        for route in data["snapshots"].values():
+            route["reset"] = reset
+        profile = parse_profile(data, f"{reset}.yaml").profile
+        if served:
+            check_shared_stack(profile, experiment.units, CleanupMode.DESTROY, None, experiment.source)
+            continue
+        with pytest.raises(ConfigError, match=r"reset: none\) cannot be made fresh between units") as caught:
+            check_shared_stack(profile, experiment.units, CleanupMode.DESTROY, None, experiment.source)
+        assert caught.value.source == str(experiment.source) and caught.value.field == "shared_stack"
 
 
 def test_with_a_pool_it_is_refused(tmp_path: Path) -> None:
