@@ -342,7 +342,8 @@ class DockerExecutor(HostWorkDir):
         assert cid is not None
         exited = _in_thread(lambda: _wait(cid, deadline + 120), name=f"wait-{name}")
         try:
-            code: int | None = await asyncio.wait_for(asyncio.shield(exited), deadline)
+            async with asyncio.timeout(deadline):  # not wait_for: it can drop a cancel (gh-86296)
+                code: int | None = await asyncio.shield(exited)
         except TimeoutError:
             code = None
         return await self._outcome(run, code, timeout_s, time.monotonic() - started)

@@ -369,7 +369,8 @@ async def lease(stack: str, units: Iterable[str], timeout_s: float, store: Recor
             if left <= 0:
                 raise AleIacError(f"no free unit in pool '{stack}' after {timeout_s:.0f} s (all {len(names)} leased)")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter[1].wait(), timeout=min(delay, left))
+                async with asyncio.timeout(min(delay, left)):  # not wait_for: it can drop a cancel (gh-86296)
+                    await waiter[1].wait()
             delay = min(delay * 2, POLL_MAX_S)
     finally:
         with _waiters_guard:

@@ -371,7 +371,8 @@ async def call_hook(task: UnitTask, name: str, sandbox: TaskSandbox, record: Uni
         raise AleIacError(f"task {task.id} has no {name} hook")
     with hook_output.capture() as output:
         try:
-            return await asyncio.wait_for(fn(sandbox), HOOK_TIMEOUT_S)
+            async with asyncio.timeout(HOOK_TIMEOUT_S):  # not wait_for: it can drop a cancel (gh-86296)
+                return await fn(sandbox)
         except TimeoutError:
             raise AleIacError(f"the {name} hook of task {task.id} exceeded its {HOOK_TIMEOUT_S:.0f} s limit") from None
         except Exception as exc:
@@ -416,7 +417,8 @@ async def _run_agent(
     started = time.monotonic()
     try:
         # The executor enforces timeout_s itself (and kills what it started); this is a backstop.
-        result = await asyncio.wait_for(executor.run_deployer(deployer, prompt, timeout_s), timeout_s + BACKSTOP_S)
+        async with asyncio.timeout(timeout_s + BACKSTOP_S):  # not wait_for: it can drop a cancel (gh-86296)
+            result = await executor.run_deployer(deployer, prompt, timeout_s)
     except TimeoutError:
         result = AgentRunResult(status="timeout", error=f"agent exceeded its {timeout_s:.0f} s limit")
     except Exception as exc:  # the deployer raised: a failed run (still graded), with its traceback

@@ -78,12 +78,18 @@ async def wait_ready(
                 break
             attempts += 1
             try:
-                await asyncio.wait_for(client.status(), timeout=min(5.0, remaining))
-                version = await asyncio.wait_for(client.check_version(), timeout=min(10.0, remaining))
-                result = await asyncio.wait_for(client.run_command("echo ale-ready"), timeout=min(20.0, remaining))
+                # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose call completes as the task is
+                # cancelled drops the cancel (gh-86296), and an interrupted run's unit went on probing.
+                async with asyncio.timeout(min(5.0, remaining)):
+                    await client.status()
+                async with asyncio.timeout(min(10.0, remaining)):
+                    version = await client.check_version()
+                async with asyncio.timeout(min(20.0, remaining)):
+                    result = await client.run_command("echo ale-ready")
                 if result.exit_code != 0 or "ale-ready" not in result.stdout:
                     raise AleIacError(f"probe command failed: exit {result.exit_code}, stderr {result.stderr!r}")
-                png = await asyncio.wait_for(client.screenshot(), timeout=min(30.0, remaining))
+                async with asyncio.timeout(min(30.0, remaining)):
+                    png = await client.screenshot()
                 if not png.startswith(b"\x89PNG"):
                     raise AleIacError("probe screenshot is not a PNG")
                 return ReadyReport(
