@@ -227,18 +227,41 @@ def screenshot_png(cua: Bridge, **arguments: Any) -> tuple[str, bytes]:
     return text.text, base64.b64decode(image.data)
 
 
+def screen_once(cua: Bridge, shown: Callable[[bytes], bool], timeout: float = 10) -> bytes:
+    """The first screenshot for which ``shown`` holds, or the last one when ``timeout`` runs out. xterm redraws
+    after it has handled the input events, which on a loaded host can come after the bridge's call has returned
+    (the call returns once the X server has the events)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, png = screenshot_png(cua)
+        if shown(png) or time.monotonic() > deadline:
+            return png
+
+
+def settled_screen(cua: Bridge, timeout: float = 10) -> bytes:
+    """A screenshot once two in a row are the same (the windows have finished drawing)."""
+    previous: list[bytes] = []
+
+    def same_as_previous(png: bytes) -> bool:
+        settled = previous == [png]
+        previous[:] = [png]
+        return settled
+
+    return screen_once(cua, same_as_previous, timeout)
+
+
 def test_scroll_moves_xterm_scrollback(
     cua_bridge: Bridge, vm_bridge: Bridge, open_window: OpenWindow, screen: tuple[int, int]
 ) -> None:
     window = open_window("seq 1 300; read x", "40x10+100+100")
     at = norm(window.center, screen)
     focus(vm_bridge, cua_bridge, window, screen)
-    _, before = screenshot_png(cua_bridge)
+    before = settled_screen(cua_bridge)
     assert cua_bridge.text("scroll", direction="up", amount=5, coordinate=at) == f"Scrolled up 5 at {label(at)}"
-    _, scrolled = screenshot_png(cua_bridge)
+    scrolled = screen_once(cua_bridge, lambda png: png != before)
     assert scrolled != before
     assert cua_bridge.text("scroll", direction="down", amount=5) == "Scrolled down 5"
-    _, back = screenshot_png(cua_bridge)
+    back = screen_once(cua_bridge, lambda png: png == before)
     assert back == before
     assert cua_bridge.text("scroll", direction="left", amount=1) == "Scrolled left 1"
     assert cua_bridge.text("scroll", direction="right", amount=1) == "Scrolled right 1"
