@@ -9,15 +9,17 @@ each unit's work is a sleep drawn from ``--work`` (seeded: both paths get the sa
 
 * **a stack per unit** (today's path for a cloud profile): per unit, ``stack init``, ``up`` of its one unit,
   ``destroy``, in ``--jobs`` threads, as the runner's ``StackProvisioner`` does (without its ``up`` held ahead);
-* **shared stack**: one ``up`` of ``min(jobs, units)`` units, then the runner's own ``SlotGroup`` hands them to
-  the units (``--jobs`` at a time); each ending unit's sandbox is recreated for a unit still to come or removed,
-  in targeted updates that units ending together share; one ``destroy``.
+* **shared stack**: the runner's own ``SharedStack``: ``min(jobs, units)`` sandboxes in stacks of at most
+  ``--shard-units`` (``shared_stack.SHARD_UNITS``), an ``up`` each; its slot provisioners hand them to the units
+  (``--jobs`` at a time); each ending unit's sandbox is recreated for a unit still to come or removed, in targeted
+  updates that units ending together share; a ``destroy`` per stack.
 
 Printed per path: wall time, the CLI calls and their summed wall time ("engine time", as bench_runner counts it),
 the CPU seconds of the CLI processes (children of this process) and of this process (the programs and the mock
 plugin run here), and the CLI's peak memory (summed RSS of its processes) per unit in flight.
 
-    .venv/bin/python bench/bench_cloud_units.py [--units 100] [--jobs 10 100] [--work 5 15] [--skip-per-unit-at 20]
+    .venv/bin/python bench/bench_cloud_units.py [--units 100] [--jobs 10 100] [--work 5 15] [--shard-units 16 100]
+        [--skip-per-unit-at 20]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -44,11 +47,12 @@ from pulumi import automation as auto
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ale_iac.contract import UnitSpec  # noqa: E402
+from ale_iac.contract import Shape, UnitSpec  # noqa: E402
 from ale_iac.engine import Engine  # noqa: E402
-from ale_iac.provision import destroy_stack, up_unit, up_units  # noqa: E402
-from ale_iac.runner import shared_slots  # noqa: E402
-from ale_iac.runner.shared_slots import SlotGroup, StackUpdates  # noqa: E402
+from ale_iac.provision import destroy_stack, up_unit  # noqa: E402
+from ale_iac.runner import shared_slots, shared_stack  # noqa: E402
+from ale_iac.runner.run_claims import RunRegistry  # noqa: E402
+from ale_iac.runner.shared_stack import SharedStack  # noqa: E402
 from ale_iac.runner.status import UnitStatus  # noqa: E402
 from tests.support.cloud import gcloud_route, profile  # noqa: E402
 from tests.support.mock_cloud_plugin import serving  # noqa: E402
@@ -126,32 +130,42 @@ def per_unit(engine: Engine, works: list[float], jobs: int) -> None:
         list(pool.map(one, range(len(works))))
 
 
-def shared(engine: Engine, works: list[float], jobs: int) -> int:
-    """The shared stack's path; returns how many targeted updates it made."""
+class _Record:
+    """What a provisioner writes to a unit's record: nothing kept here."""
+
+    def event(self, name: str, **fields: object) -> None:
+        del name, fields
+
+
+def shared(engine: Engine, works: list[float], jobs: int, home: Path) -> int:
+    """The shared stack's path through the runner's own ``SharedStack`` (its shares, its slot provisioners);
+    returns how many stacks it made."""
     cloud = profile({"g": gcloud_route()})
-    stack = "bench-shared"
-    specs = {f"g0-u{slot}": _spec(f"g0-u{slot}") for slot in range(min(jobs, len(works)))}
-    units = up_units(engine, cloud, stack, list(specs.values()))
-    updates = StackUpdates(engine, cloud, stack, specs, units)
+    plans: list[Any] = [SimpleNamespace(task=SimpleNamespace(card=SimpleNamespace(snapshot="g", resources=Shape())))]
+    plans *= len(works)
+    stack = SharedStack(engine, cloud, "bench-run", RunRegistry("bench-run", home / "run"))
+    stack.open(plans, jobs)
 
     async def run() -> None:
         # As the runner sizes it (runner/evaluation.py): each unit's give-back waits in a thread for its update.
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=max(8, jobs * 3)))
-        group = SlotGroup(updates, free=list(specs), demand=len(works), ready_timeout_s=60)
         limit = asyncio.Semaphore(jobs)
 
         async def unit(index: int) -> None:
+            provisioner = stack.provisioner_for(plans[index], 600)
             async with limit:
-                sandbox = await group.take(600)
+                await provisioner.acquire(plans[index], _Record())  # type: ignore[arg-type]
                 await asyncio.sleep(works[index])
-            outcome = await group.give_back(sandbox.unit, UnitStatus.SUCCEEDED)
+            outcome = await provisioner.release(UnitStatus.SUCCEEDED)
             assert outcome in (shared_slots.RECREATED, shared_slots.REMOVED), outcome
 
         await asyncio.gather(*(unit(i) for i in range(len(works))))
 
-    asyncio.run(run())
-    destroy_stack(engine, stack)
-    return updates.updates
+    try:
+        asyncio.run(run())
+    finally:
+        stack.close()
+    return len(stack.stacks)
 
 
 def measure(label: str, path: Callable[[], object], units: int, jobs: int) -> None:
@@ -170,10 +184,10 @@ def measure(label: str, path: Callable[[], object], units: int, jobs: int) -> No
     in_flight = min(jobs, units)
     peak = max(memory, default=0.0)
     print(
-        f"{label:>16} -j {jobs:<3}: wall {wall:6.1f} s; engine time {engine_s:7.1f} s in {len(CALLS)} CLI calls "
+        f"{label:>18} -j {jobs:<3}: wall {wall:6.1f} s; engine time {engine_s:7.1f} s in {len(CALLS)} CLI calls "
         f"({split}); CPU: CLIs {cli_cpu:6.1f} s, this process {own_cpu:5.1f} s; CLI peak RSS {peak:6.0f} MiB = "
         f"{peak / in_flight:5.1f} MiB per unit in flight ({in_flight})"
-        + (f"; {extra} targeted updates" if isinstance(extra, int) else ""),
+        + (f"; {extra} stack(s)" if isinstance(extra, int) else ""),
         flush=True,
     )
 
@@ -183,6 +197,13 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=100)
     parser.add_argument("--jobs", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--work", type=float, nargs=2, default=[5.0, 15.0], help="a unit's work: uniform, seconds")
+    parser.add_argument(
+        "--shard-units",
+        type=int,
+        nargs="+",
+        default=[shared_stack.SHARD_UNITS],
+        help="the shared arm once per value of shared_stack.SHARD_UNITS (sandboxes per stack)",
+    )
     parser.add_argument(
         "--skip-per-unit-at",
         type=int,
@@ -206,7 +227,14 @@ def main() -> None:
             for jobs in args.jobs:
                 if jobs <= args.skip_per_unit_at:
                     measure("stack per unit", lambda jobs=jobs: per_unit(engine, works, jobs), args.units, jobs)
-                measure("shared stack", lambda jobs=jobs: shared(engine, works, jobs), args.units, jobs)
+                for shard in args.shard_units:
+                    shared_stack.SHARD_UNITS = shard
+                    measure(
+                        f"shared, {shard}/stack",
+                        lambda jobs=jobs: shared(engine, works, jobs, Path(tmp)),
+                        args.units,
+                        jobs,
+                    )
         live = sum(len(plugin.live) for plugin in plugins.values())
         print(f"left in the mock cloud after the runs: {live} resources")
 

@@ -566,7 +566,8 @@ def _close_shared_stack(shared: SharedStack, console: Console) -> None:
         shared.close()
     except Exception as exc:
         console.print(
-            f"[red]shared stack {shared.stack} was not destroyed: {one_line(exc)} (remove it with: ale-iac gc)[/red]",
+            f"[red]the shared stack ({', '.join(shared.stacks or [shared.stack])}) was not all destroyed: "
+            f"{one_line(exc)} (remove what is left with: ale-iac gc)[/red]",
             highlight=False,
         )
 

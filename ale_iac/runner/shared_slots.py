@@ -10,8 +10,9 @@ nobody will use again does not wait for the run's end. Neither waits for the uni
 request starts an update at once; requests made while it runs go together into the next one
 (:class:`~ale_iac.runner.batches.Batches`), so units that end together share an engine call.
 
-So a run of N units at ``-j C`` costs one ``up`` of ``min(C, N)`` sandboxes, at most one update per unit that
-ends (fewer when units end together), and one ``destroy``, against three CLI calls per unit with a stack each.
+So a run of N units at ``-j C`` costs one ``up`` of ``min(C, N)`` sandboxes (one per share of
+``shared_stack.SHARD_UNITS``), at most one update per unit that ends (fewer when units end together), and one
+``destroy`` per stack, against three CLI calls per unit with a stack each.
 Each unit keeps its own record and cleanup outcome; a crash leaves one stack, claimed by the run, which ``ale-iac
 gc`` destroys whole. A unit interrupted with its run leaves its slot to the stack's destroy (one call for all).
 """
@@ -105,9 +106,10 @@ class StackUpdates:
 
 @dataclass
 class SlotGroup:
-    """The slots of one (snapshot, shape) of the shared stack, handed to the group's units one at a time."""
+    """The slots of one (snapshot, shape) of the run's shared stacks, handed to the group's units one at a time."""
 
-    updates: StackUpdates
+    updates: Mapping[str, StackUpdates]
+    """Each slot's stack (its updates): a group of more than ``shared_stack.SHARD_UNITS`` spans several."""
     free: list[str]
     """Slots whose sandbox is clean and ready, nobody's."""
     demand: int
@@ -119,8 +121,12 @@ class SlotGroup:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     @property
-    def stack(self) -> str:
-        return self.updates.stack
+    def stacks(self) -> str:
+        """The group's stacks, for messages."""
+        return ", ".join(sorted({updates.stack for updates in self.updates.values()}))
+
+    def stack_of(self, slot: str) -> str:
+        return self.updates[slot].stack
 
     async def take(self, timeout_s: float) -> UnitOutputs:
         """A clean slot's handle; waits while every slot is in use or being recreated."""
@@ -130,16 +136,16 @@ class SlotGroup:
                     await self.changed.wait_for(lambda: bool(self.free) or self.remaking + self.in_use == 0)
             except TimeoutError:
                 raise AleIacError(
-                    f"no sandbox of shared stack '{self.stack}' came free within {timeout_s:.0f} s"
+                    f"no sandbox of the shared stack ({self.stacks}) came free within {timeout_s:.0f} s"
                 ) from None
             if not self.free:
                 raise AleIacError(
-                    f"shared stack '{self.stack}' has no sandbox left for this unit (a recreation failed)"
+                    f"the shared stack ({self.stacks}) has no sandbox left for this unit (a recreation failed)"
                 )
             name = self.free.pop(0)
             self.demand -= 1
             self.in_use += 1
-        return self.updates.outputs[name]
+        return self.updates[name].outputs[name]
 
     async def withdraw(self) -> None:
         """A unit of the group that will not ask for a slot after all (it ended, or was cancelled, first)."""
@@ -158,14 +164,14 @@ class SlotGroup:
             return LEFT_TO_THE_STACK
         if not recreate:
             try:
-                await blocking(self.updates.remove, name)
+                await blocking(self.updates[name].remove, name)
             except Exception as exc:
                 return f"remove failed: {one_line(exc)} (the shared stack's destroy at the run's end removes it)"
             return REMOVED
         try:
-            fresh = await blocking(self.updates.recreate, name)
+            fresh = await blocking(self.updates[name].recreate, name)
             # Ready before it is free: the next unit gets a sandbox it can use at once.
-            await wait_ready(SandboxHandle.from_outputs(self.stack, fresh), self.ready_timeout_s)
+            await wait_ready(SandboxHandle.from_outputs(self.stack_of(name), fresh), self.ready_timeout_s)
         except Exception as exc:
             async with self.changed:
                 self.remaking -= 1
@@ -206,8 +212,9 @@ class SlotProvisioner:
     async def acquire(self, plan: UnitPlan, record: UnitRecord) -> SandboxHandle:
         unit = await self.group.take(self.timeout_s)
         self.slot = unit.unit
-        record.event("leased", stack=self.group.stack, unit=unit.unit)
-        return SandboxHandle.from_outputs(self.group.stack, unit)
+        stack = self.group.stack_of(unit.unit)
+        record.event("leased", stack=stack, unit=unit.unit)
+        return SandboxHandle.from_outputs(stack, unit)
 
     async def release(self, status: UnitStatus, score: float | None = None) -> str:
         if self.slot is None:

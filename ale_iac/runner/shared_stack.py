@@ -26,6 +26,7 @@ stands in the way, naming the experiment file and its field.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ale_iac.contract import POOL_LABEL, UnitOutputs, UnitSpec
@@ -86,45 +87,68 @@ def _reset(route: AnyRoute) -> str:
     return str(getattr(route, "reset", "none"))
 
 
+SHARD_UNITS = 16
+"""At most this many sandboxes of routes the engine resets in one stack; more go into further stacks of the run.
+The file backend writes the whole state after every step, so an update of a stack of N units costs about N^2: an
+``up`` of 100 gcloud units took 39.6 s, 0.40 s a unit, against 0.27 and 0.25 s a unit for 10 and 25
+(docs/benchmarks.md, Cloud units in a shared stack). Units a substrate resets stay in one stack: its engine calls
+are its ``up`` and ``destroy`` only."""
+
+
 class SharedStack:
-    """The run's one stack of sandboxes, handed unit by unit; :meth:`close` destroys it."""
+    """The run's stacks of sandboxes, handed unit by unit; :meth:`close` destroys them.
+
+    One stack (:attr:`stack`) in general; a run with more than :data:`SHARD_UNITS` sandboxes of routes the engine
+    resets has one more per such share (``<stack>`` then ``...-shared1-...``, ``...-shared2-...``), each its own
+    ``up``, updates and ``destroy``."""
 
     def __init__(self, engine: Engine, profile: Profile, run_id: str, registry: RunRegistry) -> None:
         self.engine = engine
         self.profile = profile
         self.registry = registry
+        self.run_id = run_id
         self.stack = new_stack_name("run", run_id[-15:], "shared")
+        self.stacks: list[str] = []
+        """Every stack of the run, the first being :attr:`stack` (those :meth:`open` made or began to)."""
         self._pools: dict[tuple[str, str], Pool] = {}
         self._slots: dict[tuple[str, str], SlotGroup] = {}
-        self.updates: StackUpdates | None = None
-        """The stack's updates after its ``up`` (recreations, removals), when a route's units are reset by the
-        engine."""
 
     def open(self, plans: Sequence[UnitPlan], concurrency: int) -> None:
-        """Bring the stack up: per (snapshot, shape) of ``plans``, as many sandboxes as can be in use at once
-        (the run's concurrency, or fewer units). Whatever an ``up`` that fails made is destroyed."""
+        """Bring the stacks up: per (snapshot, shape) of ``plans``, as many sandboxes as can be in use at once
+        (the run's concurrency, or fewer units). Whatever an ``up`` that fails made is destroyed, and so are the
+        other stacks."""
         groups: dict[tuple[str, str], list[UnitPlan]] = {}
         for plan in plans:
             groups.setdefault(_group_key(self.profile, plan), []).append(plan)
         members: dict[tuple[str, str], list[str]] = {}
-        specs: list[UnitSpec] = []
+        by_substrate: list[UnitSpec] = []
+        by_engine: list[UnitSpec] = []
         for index, (key, group) in enumerate(sorted(groups.items())):
             members[key] = [f"g{index}-u{slot}" for slot in range(min(concurrency, len(group)))]
-            labels = {"run": self.registry.run_id, POOL_LABEL: self.stack}
             shape = group[0].task.card.resources
-            specs += [UnitSpec(name=name, snapshot=key[0], shape=shape, labels=labels) for name in members[key]]
-        self.registry.claim(self.stack)  # before the up: a crash inside it leaves a stack gc can find
+            specs = [UnitSpec(name=name, snapshot=key[0], shape=shape) for name in members[key]]
+            (by_engine if self._engine_resets(key) else by_substrate).extend(specs)
+        shares = [by_substrate] if by_substrate else []
+        shares += [by_engine[i : i + SHARD_UNITS] for i in range(0, len(by_engine), SHARD_UNITS)]
+        self.stacks = [self.stack] + [
+            new_stack_name("run", self.run_id[-15:], f"shared{i}") for i in range(1, len(shares))
+        ]
+        for stack in self.stacks:
+            self.registry.claim(stack)  # before the up: a crash inside it leaves a stack gc can find
         try:
-            units: dict[str, UnitOutputs] = up_units(self.engine, self.profile, self.stack, specs)
+            made = self._up_all(shares)
         except BaseException:
             self.close()
             raise
+        updates_of: dict[str, StackUpdates] = {}
+        for stack, units in made.items():
+            updates = StackUpdates(self.engine, self.profile, stack, units[0], units[1])
+            updates_of.update(dict.fromkeys(units[0], updates))
         records = leases.record_store(self.engine.backend_url)
-        self.updates = StackUpdates(self.engine, self.profile, self.stack, {spec.name: spec for spec in specs}, units)
         for key, names in members.items():
-            if _reset(self.profile.route(key[0])[1]) == "recreate":
+            if self._engine_resets(key):
                 self._slots[key] = SlotGroup(
-                    self.updates,
+                    {name: updates_of[name] for name in names},
                     free=list(names),
                     demand=len(groups[key]),
                     ready_timeout_s=self.profile.ready_timeout_s,
@@ -132,14 +156,37 @@ class SharedStack:
                 continue
             self._pools[key] = Pool(
                 self.stack,
-                {name: units[name] for name in names},
+                {name: updates_of[name].outputs[name] for name in names},
                 default_snapshot=key[0],
                 ready_timeout_s=self.profile.ready_timeout_s,
                 records=records,
             )
 
+    def _engine_resets(self, key: tuple[str, str]) -> bool:
+        return _reset(self.profile.route(key[0])[1]) == "recreate"
+
+    def _up_all(self, shares: list[list[UnitSpec]]) -> dict[str, tuple[dict[str, UnitSpec], dict[str, UnitOutputs]]]:
+        """Each share's ``up`` in its stack (two at a time: the host's cores); per stack, its units' specs and
+        handles. The first failure is raised once every ``up`` has ended."""
+
+        def up(stack: str, share: list[UnitSpec]) -> tuple[dict[str, UnitSpec], dict[str, UnitOutputs]]:
+            labelled = [
+                UnitSpec(
+                    name=s.name,
+                    snapshot=s.snapshot,
+                    shape=s.shape,
+                    labels={"run": self.registry.run_id, POOL_LABEL: stack},
+                )
+                for s in share
+            ]
+            return {s.name: s for s in labelled}, up_units(self.engine, self.profile, stack, labelled)
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shared-stack-up") as pool:
+            futures = {stack: pool.submit(up, stack, share) for stack, share in zip(self.stacks, shares, strict=True)}
+        return {stack: future.result() for stack, future in futures.items()}
+
     def provisioner_for(self, plan: UnitPlan, timeout_s: float) -> Provisioner:
-        """What gets a unit of ``plan`` one of the stack's sandboxes (of its snapshot and shape); ``timeout_s``:
+        """What gets a unit of ``plan`` one of the stacks' sandboxes (of its snapshot and shape); ``timeout_s``:
         how long it may wait for one."""
         key = _group_key(self.profile, plan)
         if key in self._slots:
@@ -147,8 +194,17 @@ class SharedStack:
         return PoolProvisioner(self._pools[key], lease_timeout_s=timeout_s)
 
     def close(self) -> None:
-        """Destroy the stack (one CLI call) and forget its leases. A destroy that fails leaves the stack claimed
-        by this run, so ``ale-iac gc`` finds it once the run has ended."""
-        destroy_stack(self.engine, self.stack)
-        self.registry.release(self.stack)
-        leases.forget_stack(self.stack, leases.record_store(self.engine.backend_url))
+        """Destroy the stacks (one CLI call each) and forget their leases. A stack whose destroy fails stays
+        claimed by this run, so ``ale-iac gc`` finds it once the run has ended; the first such failure is raised
+        once every stack was tried."""
+        failed: BaseException | None = None
+        for stack in self.stacks or [self.stack]:
+            try:
+                destroy_stack(self.engine, stack)
+            except Exception as exc:
+                failed = failed or exc
+                continue
+            self.registry.release(stack)
+            leases.forget_stack(stack, leases.record_store(self.engine.backend_url))
+        if failed is not None:
+            raise failed

@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from ale_iac.contract import LINUX_DESKTOP_PATHS, UnitOutputs, UnitSpec
+from ale_iac.contract import LINUX_DESKTOP_PATHS, Shape, UnitOutputs, UnitSpec
 from ale_iac.engine import Engine
 from ale_iac.errors import AleIacError
 from ale_iac.provision import destroy_stack, up_units
-from ale_iac.runner import shared_slots
+from ale_iac.runner import shared_slots, shared_stack
+from ale_iac.runner.run_claims import RunRegistry, read_claims
 from ale_iac.runner.shared_slots import LEFT_TO_THE_STACK, RECREATED, REMOVED, SlotGroup, StackUpdates
+from ale_iac.runner.shared_stack import SharedStack
 from ale_iac.runner.status import UnitStatus
 from tests.support.cloud import aliyun_route, aws_route, gcloud_route, profile
 from tests.support.mock_cloud_plugin import MockCloudPlugin, serving
@@ -73,7 +76,7 @@ def _no_server_to_wait_for(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_slot_is_recreated_while_units_are_to_come_then_removed() -> None:
     async def run() -> tuple[RecordingUpdates, list[str], list[str]]:
         updates = RecordingUpdates(["g0-u0", "g0-u1"])
-        group = SlotGroup(updates, free=["g0-u0", "g0-u1"], demand=3, ready_timeout_s=5)
+        group = SlotGroup(dict.fromkeys(updates.outputs, updates), free=["g0-u0", "g0-u1"], demand=3, ready_timeout_s=5)
         first, second = await group.take(5), await group.take(5)
         waiting = asyncio.ensure_future(group.take(5))  # the third unit: no slot free
         outcomes = [await group.give_back(first.unit, UnitStatus.SUCCEEDED)]  # one unit to come: recreated
@@ -91,7 +94,7 @@ def test_a_slot_is_recreated_while_units_are_to_come_then_removed() -> None:
 def test_units_that_will_not_come_are_not_waited_for_and_an_interrupted_one_leaves_its_slot() -> None:
     async def run() -> tuple[RecordingUpdates, list[str]]:
         updates = RecordingUpdates(["g0-u0"])
-        group = SlotGroup(updates, free=["g0-u0"], demand=3, ready_timeout_s=5)
+        group = SlotGroup({"g0-u0": updates}, free=["g0-u0"], demand=3, ready_timeout_s=5)
         unit = await group.take(5)
         await group.withdraw()  # one cancelled while it waited, one whose task data was missing
         await group.withdraw()
@@ -109,7 +112,7 @@ def test_units_that_will_not_come_are_not_waited_for_and_an_interrupted_one_leav
 def test_a_unit_waiting_for_a_slot_that_failed_to_come_back_is_told_why() -> None:
     async def run() -> tuple[str, BaseException | None]:
         updates = RecordingUpdates(["g0-u0"], fail_recreate=True)
-        group = SlotGroup(updates, free=["g0-u0"], demand=2, ready_timeout_s=5)
+        group = SlotGroup({"g0-u0": updates}, free=["g0-u0"], demand=2, ready_timeout_s=5)
         unit = await group.take(5)
         waiting = asyncio.ensure_future(group.take(5))
         outcome = await group.give_back(unit.unit, UnitStatus.SUCCEEDED)
@@ -178,4 +181,40 @@ def test_updates_replace_a_unit_s_vm_and_remove_a_unit_whole(clouds: dict[str, M
         [state] = (engine.home / "state").rglob("shared-test.json")
         assert not [token for token in tokens if token and token in state.read_text()]
         assert destroy_stack(engine, "shared-test")
+    assert _live(clouds) == set()
+
+
+@pytest.mark.engine
+def test_a_run_with_more_sandboxes_than_a_share_holds_gets_a_stack_per_share(
+    clouds: dict[str, MockCloudPlugin], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five gcloud sandboxes at shares of 2: three stacks, each claimed by the run before its ``up``, each unit
+    handed out from its own stack and removed there; ``close`` destroys all three."""
+    monkeypatch.setattr(shared_stack, "SHARD_UNITS", 2)
+    plans = [SimpleNamespace(task=SimpleNamespace(card=SimpleNamespace(snapshot="g", resources=Shape())))] * 5
+    registry = RunRegistry("run-shares", tmp_path / "run")
+    with Engine() as engine:
+        shared = SharedStack(engine, profile({"g": gcloud_route()}), "run-shares", registry)
+        shared.open(plans, concurrency=5)  # type: ignore[arg-type]  # what open reads of a plan
+        assert len(shared.stacks) == 3 and shared.stacks[0] == shared.stack
+        assert sorted(claim for c in read_claims() for claim in c.stacks) == sorted(shared.stacks)
+        assert sorted(len(engine.units(stack)) for stack in shared.stacks) == [1, 2, 2]
+
+        class Record:
+            def event(self, name: str, **fields: Any) -> None:
+                leased.append(fields)
+
+        leased: list[dict[str, Any]] = []
+
+        async def run_all() -> list[str]:
+            provisioners = [shared.provisioner_for(plan, 5) for plan in plans]  # type: ignore[arg-type]
+            handles = [await p.acquire(plan, Record()) for p, plan in zip(provisioners, plans, strict=True)]  # type: ignore[arg-type]
+            assert {h.stack for h in handles} == set(shared.stacks)
+            return [await p.release(UnitStatus.SUCCEEDED) for p in provisioners]
+
+        assert asyncio.run(run_all()) == [REMOVED] * 5  # no unit left to come: each removed from its stack
+        assert {e["stack"] for e in leased} == set(shared.stacks)
+        assert all(engine.units(stack) == {} for stack in shared.stacks)
+        shared.close()
+        assert engine.list_stacks() == [] and not any(c.stacks for c in read_claims())
     assert _live(clouds) == set()
