@@ -175,7 +175,9 @@ sys.stdin.read()
 
 def test_gc_sweeps_the_folder_of_a_run_killed_with_its_warm_process_and_spares_a_live_one() -> None:
     with WarmBridges() as live:
-        # A run and its warm process, SIGKILLed together (the run's process group): no cleanup ran.
+        # A run and its warm process, both SIGKILLed: no cleanup ran. The warm process first: killed as a group,
+        # the run's death closes the warm process's stdin, and a warm process that sees that before its own
+        # SIGKILL lands removes its folder on the way out (it did once in CI, on a loaded host).
         run = subprocess.Popen(
             [sys.executable, "-c", _KILLED_RUN],
             stdin=subprocess.PIPE,
@@ -186,12 +188,13 @@ def test_gc_sweeps_the_folder_of_a_run_killed_with_its_warm_process_and_spares_a
         assert run.stdout is not None
         folder_text, warm_pid = run.stdout.readline().split()
         folder = Path(folder_text)
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait(timeout=60)
+        os.kill(int(warm_pid), signal.SIGKILL)
         _wait_for(
             lambda: not psutil.pid_exists(int(warm_pid)) or psutil.Process(int(warm_pid)).status() == "zombie",
             "the kill",
         )
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
         root = live.socket_path.parent.parent
         assert folder in sweep_stale(root, dry_run=True)
         assert folder.exists()
