@@ -130,6 +130,7 @@ class SharedStack:
             (by_engine if self._engine_resets(key) else by_substrate).extend(specs)
         shares = [by_substrate] if by_substrate else []
         shares += [by_engine[i : i + SHARD_UNITS] for i in range(0, len(by_engine), SHARD_UNITS)]
+        shares = shares or [[]]  # a run with no unit to run (a resumed one, all done): an empty stack, as before
         self.stacks = [self.stack] + [
             new_stack_name("run", self.run_id[-15:], f"shared{i}") for i in range(1, len(shares))
         ]

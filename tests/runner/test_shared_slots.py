@@ -218,3 +218,13 @@ def test_a_run_with_more_sandboxes_than_a_share_holds_gets_a_stack_per_share(
         shared.close()
         assert engine.list_stacks() == [] and not any(c.stacks for c in read_claims())
     assert _live(clouds) == set()
+
+
+@pytest.mark.engine
+def test_a_run_with_no_unit_to_run_makes_one_empty_stack(clouds: dict[str, MockCloudPlugin], tmp_path: Path) -> None:
+    with Engine() as engine:
+        shared = SharedStack(engine, profile({"g": gcloud_route()}), "run-none", RunRegistry("run-none", tmp_path))
+        shared.open([], concurrency=4)
+        assert shared.stacks == [shared.stack] and engine.units(shared.stack) == {}
+        shared.close()
+        assert engine.list_stacks() == []
