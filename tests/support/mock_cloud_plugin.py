@@ -16,6 +16,7 @@ reaches anything. It keeps a count of what it was asked to do (:attr:`MockCloudP
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent import futures
@@ -147,8 +148,6 @@ def serving(packages: tuple[str, ...] = tuple(PACKAGES)) -> Iterator[dict[str, M
     """Serve a mock plugin per package on 127.0.0.1 and point the engine's CLI calls at them: sets
     ``PULUMI_DEBUG_PROVIDERS`` in ``os.environ`` (which :class:`ale_iac.engine.Engine` passes on, with its own
     dynamic provider added) for the length of the block."""
-    import os
-
     servers: list[grpc.Server] = []
     plugins: dict[str, MockCloudPlugin] = {}
     attach: list[str] = []
